@@ -1,0 +1,60 @@
+# Two commands: `make run` (run every step, record its output, build the guide) and `make test` (all checks).
+# Both set up what they need: the .venv virtualenv, the pinned packages, every step built and installed.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := run
+
+PYTHON ?= python3
+TORCH := 2.13.0
+DEVICE ?= auto
+
+# Caches live outside the clone so that a fresh clone (CI) reuses earlier work. torch-sys does not rebuild
+# when the installed torch changes, so its build is keyed on the torch release.
+CACHE := $(HOME)/.cache/gemma4-walkthrough
+export CARGO_TARGET_DIR ?= $(CACHE)/cargo-torch-$(TORCH)
+export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
+# torch-sys finds libtorch by asking `python` for the installed torch: point it at the venv.
+export VIRTUAL_ENV := $(CURDIR)/.venv
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
+export LIBTORCH_USE_PYTORCH := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
+RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
+STEP_SOURCES := $(shell find steps -path '*/tests' -prune -o -path '*/target' -prune -o -type f \
+	\( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -path '*/python/*.py*' \) -print)
+
+.PHONY: run test bench setup clean distclean
+setup: .venv/.steps
+
+.venv/.deps: pyproject.toml
+	@echo "== the walkthrough environment (.venv): pinned packages from pyproject.toml"
+	test -x .venv/bin/python || $(PYTHON) -m venv .venv
+	pip install --quiet --upgrade pip
+	pip install ".[docs,test]"
+	touch $@
+
+# Each step is its own package; Rust steps build with maturin into the shared CARGO_TARGET_DIR.
+# No build isolation: torch-sys must see the venv's torch while it compiles.
+.venv/.steps: .venv/.deps $(STEP_SOURCES)
+	@echo "== building and installing the steps: $(notdir $(STEPS))"
+	@echo "   (the first build compiles torch-sys' C++ wrapper: about 3 minutes on 2 cores)"
+	for s in $(STEPS); do pip install --no-build-isolation --no-deps --force-reinstall "./$$s"; done
+	touch $@
+
+run: setup
+	for s in $(STEPS); do python tools/record.py "$$s" --device $(DEVICE); done
+	mkdocs build --strict --site-dir site
+
+test: setup
+	for s in $(RUST_STEPS); do cargo test --release --quiet --manifest-path "$$s/Cargo.toml"; done
+	python -m pytest
+	mkdocs build --strict --site-dir site
+
+clean:
+	rm -rf .venv site .cache test-artifacts
+	find steps -name __pycache__ -prune -exec rm -rf {} +
+
+# Also drops the caches shared by every clone: the next build compiles torch-sys again.
+distclean: clean
+	rm -rf $(CARGO_TARGET_DIR)
