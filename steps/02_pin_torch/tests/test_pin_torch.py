@@ -43,14 +43,15 @@ def test_check_refuses_another_release_and_says_what_to_install(monkeypatch, ver
     assert "pip install torch==2.13.0" in str(e.value)
 
 
-def devices():
-    yield "cpu"
-    yield pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
-    has_tpu = hasattr(torch, "tpu") and torch.tpu.device_count() > 0
-    yield pytest.param("tpu", marks=pytest.mark.skipif(not has_tpu, reason="no TPU (torch_tpu on a TPU VM)"))
+HAS_TPU = hasattr(torch, "tpu") and torch.tpu.device_count() > 0
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+    pytest.param("tpu", marks=pytest.mark.skipif(not HAS_TPU, reason="no TPU (torch_tpu on a TPU VM)")),
+]
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ENGINE_DTYPES)
 def test_on_moves_to_like_device_and_keeps_dtype(device, dtype):
     t = (torch.arange(12) % 3).reshape(3, 4).to(dtype)
@@ -62,7 +63,7 @@ def test_on_moves_to_like_device_and_keeps_dtype(device, dtype):
         assert moved.data_ptr() == t.data_ptr()  # already there: no copy
 
 
-@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
 def test_arange_built_in_rust_lands_on_like_device(device, dtype):
     got = pin_torch_rs.arange_on(5, torch.empty(0, device=device), dtype)

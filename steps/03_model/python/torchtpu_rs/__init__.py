@@ -1,0 +1,14 @@
+"""torchtpu_rs: Gemma 4 (E-series, W4A16 checkpoints) written in Rust with tch-rs, driven from Python.
+
+    import torch, torchtpu_rs
+    engine = torchtpu_rs.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16")
+    tokens, read_s, decode_s = engine.generate(ids, max_new)
+
+The Python helpers beside the engine: `checkpoints` (make and cache checkpoints in the real formats),
+`devices` (pick a device), `records` (what a recorded run ran on).
+"""
+import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that torch loads)
+
+from ._engine import BUILT_WITH_TORCH, RUSTC_VERSION, TCH_VERSION, Engine, layout_for
+
+__all__ = ["Engine", "layout_for", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]

@@ -1,0 +1,33 @@
+"""Type stub for the Rust extension torchtpu_rs._engine (src/lib.rs)."""
+from collections.abc import Callable
+from os import PathLike
+
+import torch
+
+TCH_VERSION: str
+RUSTC_VERSION: str
+BUILT_WITH_TORCH: str
+
+Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
+
+class Engine:
+    """Gemma 4 (E-series) text model in Rust, on the device of `like`. Belongs to the creating thread."""
+
+    def __init__(
+        self,
+        model_dir: str | PathLike[str],
+        emb4_dir: str | PathLike[str] | None,
+        like: torch.Tensor,
+        ctx: int,
+        dtype: str = "bfloat16",
+        progress: Callable[[int, int], object] | None = None,
+    ) -> None: ...
+    def layout(self) -> Layout: ...
+    def generate(self, ids: list[int], max_new: int, read_every: int = 1) -> tuple[list[int], float, float]:
+        """Exactly max_new greedy tokens; (tokens, read_s, decode_s)."""
+    def logits(self, ids: list[int], positions: list[int] | None = None) -> torch.Tensor:
+        """float32 [len(positions), vocab], through the chunked read, from a fresh cache."""
+    def hidden_states(self, ids: list[int]) -> list[torch.Tensor]:
+        """L + 1 tensors [len(ids), hidden]: each layer's input, then the final-norm output."""
+
+def layout_for(config_json: str | PathLike[str], ctx: int) -> Layout: ...

@@ -1,0 +1,43 @@
+"""What a recorded run ran on: the `meta` block beside every number a script reports (`--json`)."""
+import json
+import os
+import platform
+import shlex
+import sys
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+from . import _engine
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
+def meta(device: torch.device | str) -> dict:
+    return {
+        "device": str(device), "cpu": cpu_model(), "cores": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "tch": _engine.TCH_VERSION, "rustc": _engine.RUSTC_VERSION,
+        "transformers": _version("transformers"), "compressed_tensors": _version("compressed-tensors"),
+        "torch_tpu": _version("torch-tpu"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", *sys.argv]),
+    }
+
+
+def write_json(path: str | None, device, **results) -> None:
+    """Write `results` plus the meta block to `path` (nothing when path is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"meta": meta(device), **results}, f, indent=2)

@@ -1,0 +1,291 @@
+//! `torchtpu_rs._engine`: the Gemma 4 engine as a Python class.
+//!
+//! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
+//! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
+mod bridge;
+mod config;
+mod error;
+mod gemma;
+mod weights;
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use tch::{Kind, Tensor};
+
+use bridge::{give, take, torch_error};
+use config::TextConfig;
+use error::Error;
+use gemma::{Cache, Gemma};
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        match e {
+            Error::NotFound { .. } => PyFileNotFoundError::new_err(e.to_string()),
+            Error::Invalid(msg) => PyValueError::new_err(msg),
+            Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
+            Error::Torch(t) => torch_error(t),
+        }
+    }
+}
+
+struct State {
+    model: Gemma,
+    cache: Cache,
+}
+
+/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None)
+///
+/// Gemma 4 (E-series) text model in Rust, on the device of `like`.
+///
+/// model_dir: a -text checkpoint folder (config.json + safetensors, one file or sharded).
+/// emb4_dir: None, or the -text-emb4 twin: every table it holds packed is taken from it and kept packed.
+/// like: any tensor on the target device (tpu, cuda or cpu); only its device matters.
+/// ctx: context length, i.e. the length of the full-attention caches.
+/// dtype: "bfloat16" or "float32", the precision of the arithmetic.
+/// progress: None, or a callable(done, total) called while layers load.
+///
+/// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
+#[pyclass(module = "torchtpu_rs")]
+struct Engine {
+    owner: ThreadId,
+    state: Mutex<State>,
+}
+
+fn compute_kind(dtype: &str) -> PyResult<Kind> {
+    match dtype {
+        "bfloat16" => Ok(Kind::BFloat16),
+        "float32" => Ok(Kind::Float),
+        _ => Err(PyValueError::new_err(format!(
+            "dtype={dtype:?}: use \"bfloat16\" or \"float32\""
+        ))),
+    }
+}
+
+fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
+    let most = cfg.max_position_embeddings;
+    if ctx < 1 || ctx > most {
+        return Err(PyValueError::new_err(format!(
+            "ctx={ctx}: must be between 1 and max_position_embeddings={most}"
+        )));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None))]
+    fn new(
+        model_dir: PathBuf,
+        emb4_dir: Option<PathBuf>,
+        like: &Bound<'_, PyAny>,
+        ctx: i64,
+        dtype: &str,
+        progress: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let kind = compute_kind(dtype)?;
+        let like = take(like, "Engine(like)")?;
+        let cfg = TextConfig::from_file(&model_dir.join("config.json"))?;
+        check_ctx(ctx, &cfg)?;
+        let mut report_error = None;
+        let mut report = |done: usize, total: usize| {
+            if let (Some(callback), None) = (&progress, &report_error) {
+                report_error = callback.call1((done, total)).err();
+            }
+        };
+        let model = Gemma::load(&model_dir, emb4_dir.as_deref(), &like, kind, &mut report)?;
+        if let Some(e) = report_error {
+            return Err(e);
+        }
+        let cache = model.new_cache(ctx)?;
+        Ok(Engine {
+            owner: std::thread::current().id(),
+            state: Mutex::new(State { model, cache }),
+        })
+    }
+
+    /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
+    fn layout(&self) -> PyResult<(i64, i64, i64, i64)> {
+        Ok(config::layout(&self.state()?.model.cfg))
+    }
+
+    /// generate(ids, max_new, read_every=1) -> (tokens, read_s, decode_s)
+    ///
+    /// Exactly `max_new` greedy tokens after the prompt `ids`. read_s: the prompt read, which also yields the
+    /// first token; decode_s: the other max_new - 1 steps. Tokens reach the host every `read_every` steps.
+    #[pyo3(signature = (ids, max_new, read_every = 1))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        ids: Vec<i64>,
+        max_new: i64,
+        read_every: i64,
+    ) -> PyResult<(Vec<i64>, f64, f64)> {
+        let mut state = self.state()?;
+        let ctx = state.cache.ctx;
+        check_ids(&ids, &state.model.cfg, ctx)?;
+        if max_new < 0 || ids.len() as i64 + max_new > ctx {
+            return Err(PyValueError::new_err(format!(
+                "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({} + {max_new} > {ctx})",
+                ids.len()
+            )));
+        }
+        if read_every < 1 {
+            return Err(PyValueError::new_err(format!(
+                "read_every={read_every}: must be >= 1"
+            )));
+        }
+        let state: &mut State = &mut state; // `&mut` is Send where `&` would need Sync, which tensors are not
+                                            // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if
+                                            // they touch this engine).
+        Ok(py.detach(move || {
+            state
+                .model
+                .generate(&ids, max_new, read_every, &mut state.cache)
+        })?)
+    }
+
+    /// logits(ids, positions=None) -> torch.Tensor
+    ///
+    /// float32 [n, vocab] logits at `positions` (indices into ids; default all), computed through the same
+    /// chunked read and caches as generate, from a fresh cache.
+    #[pyo3(signature = (ids, positions = None))]
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<i64>,
+        positions: Option<Vec<i64>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let n = ids.len() as i64;
+        let positions = positions.unwrap_or_else(|| (0..n).collect());
+        if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= n) {
+            return Err(PyValueError::new_err(format!(
+                "positions: {p} is not an index into ids (len {n})"
+            )));
+        }
+        let State { model, cache } = &mut *state;
+        let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
+        model.read(&ids, cache, false, |start, h, _| {
+            for (slot, &p) in rows.iter_mut().zip(&positions) {
+                if (start..start + h.size()[0]).contains(&p) {
+                    let row = model.head(&h.f_narrow(0, p - start, 1)?)?;
+                    *slot = Some(row.f_to_kind(Kind::Float)?);
+                }
+            }
+            Ok(())
+        })?;
+        let rows: Vec<Tensor> = rows
+            .into_iter()
+            .map(|r| r.expect("every position lies in some chunk"))
+            .collect();
+        let logits = if rows.is_empty() {
+            Tensor::f_empty([0, model.cfg.vocab_size], (Kind::Float, tch::Device::Cpu))
+                .map_err(torch_error)?
+        } else {
+            Tensor::f_cat(&rows, 0).map_err(torch_error)?
+        };
+        give(py, &logits)
+    }
+
+    /// hidden_states(ids) -> list[torch.Tensor]
+    ///
+    /// L + 1 tensors [len(ids), hidden] in Transformers' convention: the input of each layer, then the
+    /// final-norm output.
+    fn hidden_states<'py>(&self, py: Python<'py>, ids: Vec<i64>) -> PyResult<Bound<'py, PyList>> {
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let State { model, cache } = &mut *state;
+        let mut chunks: Vec<Vec<Tensor>> = Vec::new();
+        model.read(&ids, cache, true, |_, _, states| {
+            chunks.push(states);
+            Ok(())
+        })?;
+        let layers = chunks.first().map_or(0, |c| c.len());
+        let mut out = Vec::new();
+        for layer in 0..layers {
+            let parts: Vec<&Tensor> = chunks.iter().map(|c| &c[layer]).collect();
+            out.push(give(py, &Tensor::f_cat(&parts, 0).map_err(torch_error)?)?);
+        }
+        PyList::new(py, out)
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let state = self.state()?;
+        let (full, sliding, shared, ring) = config::layout(&state.model.cfg);
+        Ok(format!(
+            "Engine(layers={}, dtype={:?}, ctx={}, full_rings={full}, sliding_rings={sliding}, shared_layers={shared}, sliding_ring_len={ring})",
+            state.model.cfg.num_hidden_layers, state.model.kind, state.cache.ctx
+        ))
+    }
+}
+
+impl Engine {
+    /// The engine's state, for the thread that created it only: libtorch (and a TPU's runtime) state belongs to
+    /// that thread. PyO3's `unsendable` would panic instead of raising, so the check is ours.
+    fn state(&self) -> PyResult<MutexGuard<'_, State>> {
+        if std::thread::current().id() != self.owner {
+            return Err(PyRuntimeError::new_err(
+                "Engine: called from a thread other than the one that created it; create the Engine in the thread that uses it",
+            ));
+        }
+        self.state.lock().map_err(|_| {
+            PyRuntimeError::new_err("Engine: an earlier call failed midway; create a new Engine")
+        })
+    }
+}
+
+/// Prompt ids must be in the vocabulary (of both embedding tables) and fit the context.
+fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
+    if ids.is_empty() {
+        return Err(PyValueError::new_err(
+            "ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)",
+        ));
+    }
+    if ids.len() as i64 > ctx {
+        return Err(PyValueError::new_err(format!(
+            "ids: {} tokens do not fit ctx={ctx}",
+            ids.len()
+        )));
+    }
+    let vocab = cfg.vocab_size.min(cfg.vocab_size_per_layer_input);
+    if let Some((i, id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id >= vocab)
+    {
+        return Err(PyValueError::new_err(format!(
+            "ids[{i}] = {id} is outside the vocabulary [0, {vocab})"
+        )));
+    }
+    Ok(())
+}
+
+/// layout_for(config_json, ctx) -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
+///
+/// The cache layout an Engine would have, from a config.json alone (no weights needed).
+#[pyfunction]
+fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> {
+    let cfg = TextConfig::from_file(&config_json)?;
+    check_ctx(ctx, &cfg)?;
+    Ok(config::layout(&cfg))
+}
+
+/// The Rust half of torchtpu_rs: `Engine`, `layout_for`, and the versions it was built with.
+#[pymodule]
+fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
+    m.py().import("torch")?;
+    m.add_class::<Engine>()?;
+    m.add_function(wrap_pyfunction!(layout_for, m)?)?;
+    m.add("TCH_VERSION", env!("TCH_VERSION"))?;
+    m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
+    m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;
+    Ok(())
+}

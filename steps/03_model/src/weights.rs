@@ -1,0 +1,331 @@
+//! Reading a checkpoint: memory-mapped safetensors (one file or a sharded index), every tensor checked
+//! against the shape the config implies, and W4A16 "pack-quantized" weights unpacked bit for bit as
+//! compressed-tensors does.
+//!
+//! Loading streams: each tensor is copied out of the mapped file, converted, moved to the device, and its
+//! file pages are handed back to the kernel before the next one, so there is never a second copy of the
+//! weights in memory.
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, UncheckedAdvice};
+use safetensors::tensor::TensorInfo;
+use safetensors::{Dtype, SafeTensors};
+use tch::{Device, Kind, Tensor};
+
+use crate::bridge::on;
+use crate::error::{invalid, Error, Result};
+
+struct Shard {
+    map: Mmap,
+    /// Where the tensor data starts: after the 8-byte length and the JSON header.
+    data_start: usize,
+}
+
+/// A checkpoint folder: `config.json` plus `model.safetensors` or `model.safetensors.index.json` + shards.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    shards: Vec<Shard>,
+    tensors: HashMap<String, (usize, TensorInfo)>,
+    /// `model.` (Gemma4ForCausalLM) or `model.language_model.` (Gemma4ForConditionalGeneration).
+    pub prefix: &'static str,
+    group_size: Option<i64>,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::not_found(dir, "no such checkpoint folder"));
+        }
+        let group_size = quantization(&dir.join("config.json"))?;
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<String> = if index.is_file() {
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| Error::not_found(&index, e.to_string()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| invalid!("{}: not valid JSON: {e}", index.display()))?;
+            let map = json["weight_map"]
+                .as_object()
+                .ok_or_else(|| invalid!("{}: no weight_map", index.display()))?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut shards = Vec::new();
+        let mut tensors = HashMap::new();
+        for name in files {
+            let path = dir.join(&name);
+            let file = File::open(&path).map_err(|e| Error::not_found(&path, e.to_string()))?;
+            // SAFETY: the file is only read; a checkpoint changed on disk while mapped is outside our control.
+            let map = unsafe { Mmap::map(&file) }
+                .map_err(|e| invalid!("{}: cannot map: {e}", path.display()))?;
+            let (header, meta) = SafeTensors::read_metadata(&map)
+                .map_err(|e| invalid!("{}: not a valid safetensors file ({e})", path.display()))?;
+            for (tensor, info) in meta.tensors() {
+                tensors.insert(tensor, (shards.len(), info.clone()));
+            }
+            shards.push(Shard {
+                map,
+                data_start: 8 + header,
+            });
+        }
+        let prefix = if tensors
+            .keys()
+            .any(|k| k.starts_with("model.language_model."))
+        {
+            "model.language_model."
+        } else {
+            "model."
+        };
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+            prefix,
+            group_size,
+        })
+    }
+
+    fn full_name(&self, name: &str) -> String {
+        if name.starts_with("lm_head.") {
+            name.to_string()
+        } else {
+            format!("{}{name}", self.prefix)
+        }
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(&self.full_name(name))
+    }
+
+    fn where_(&self, name: &str) -> String {
+        format!("tensor {} in {}", self.full_name(name), self.dir.display())
+    }
+
+    /// The tensor `name` (without the model prefix) as a host tensor of its stored dtype, checked against
+    /// the dtypes and shape the model expects.
+    pub fn read(&self, name: &str, dtypes: &[Dtype], shape: &[i64]) -> Result<Tensor> {
+        let full = self.full_name(name);
+        let (shard, info) = self
+            .tensors
+            .get(&full)
+            .ok_or_else(|| invalid!("missing {}", self.where_(name)))?;
+        if !dtypes.contains(&info.dtype) {
+            return Err(invalid!(
+                "{}: dtype {:?}, expected one of {dtypes:?}",
+                self.where_(name),
+                info.dtype
+            ));
+        }
+        let found: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        if found != shape {
+            return Err(invalid!(
+                "{}: shape {found:?}, expected {shape:?}",
+                self.where_(name)
+            ));
+        }
+        let shard = &self.shards[*shard];
+        let (start, end) = (
+            shard.data_start + info.data_offsets.0,
+            shard.data_start + info.data_offsets.1,
+        );
+        let host = Tensor::f_from_data_size(&shard.map[start..end], shape, kind_of(info.dtype))?;
+        // The bytes are copied now: let the kernel drop the file pages instead of keeping a second copy.
+        // SAFETY: the map is read-only and file-backed; dropped pages are simply read again if needed.
+        let _ = unsafe {
+            shard
+                .map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+        };
+        Ok(host)
+    }
+
+    /// A dense tensor moved to `like`'s device as `kind`.
+    pub fn dense(&self, name: &str, shape: &[i64], kind: Kind, like: &Tensor) -> Result<Tensor> {
+        let host = self.read(name, &[Dtype::BF16, Dtype::F16, Dtype::F32], shape)?;
+        Ok(on(&host.f_to_kind(kind)?, like)?)
+    }
+
+    /// A packed int4 matrix `[rows, cols]` as stored: `weight_packed`, `weight_scale`, `weight_shape`.
+    pub fn packed(&self, module: &str, rows: i64, cols: i64, like: &Tensor) -> Result<Packed> {
+        let group = self.group_size.ok_or_else(|| {
+            invalid!(
+                "{} is packed but config.json has no quantization_config",
+                self.where_(module)
+            )
+        })?;
+        if cols % group != 0 {
+            return Err(invalid!(
+                "{}: {cols} columns are not a multiple of group_size {group}",
+                self.where_(module)
+            ));
+        }
+        let shape_name = format!("{module}.weight_shape");
+        let stored = self.read(&shape_name, &[Dtype::I64, Dtype::I32], &[2])?;
+        let stored: Vec<i64> = Vec::<i64>::try_from(stored.f_to_kind(Kind::Int64)?)?;
+        if stored != [rows, cols] {
+            return Err(invalid!(
+                "{}: says {stored:?}, the config implies [{rows}, {cols}]",
+                self.where_(&shape_name)
+            ));
+        }
+        let packed = self.read(
+            &format!("{module}.weight_packed"),
+            &[Dtype::I32],
+            &[rows, (cols + 7) / 8],
+        )?;
+        let scale = self.read(
+            &format!("{module}.weight_scale"),
+            &[Dtype::BF16, Dtype::F16],
+            &[rows, cols / group],
+        )?;
+        let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
+        Ok(Packed {
+            packed: on(&packed, like)?,
+            scale: on(&scale, like)?,
+            shifts: on(&shifts, like)?,
+            cols,
+        })
+    }
+
+    /// A linear layer's weight `[out, in]` in `kind` on like's device: unpacked once if stored packed.
+    pub fn linear(
+        &self,
+        module: &str,
+        out: i64,
+        inp: i64,
+        kind: Kind,
+        like: &Tensor,
+    ) -> Result<Tensor> {
+        if self.has(&format!("{module}.weight_packed")) {
+            let host = Tensor::f_zeros([1], (Kind::Float, Device::Cpu))?;
+            let w = self.packed(module, out, inp, &host)?.dequantize()?;
+            Ok(on(&w.f_to_kind(kind)?, like)?)
+        } else {
+            self.dense(&format!("{module}.weight"), &[out, inp], kind, like)
+        }
+    }
+}
+
+// --8<-- [start:unpack]
+/// An int4 matrix kept packed: 8 values per int32 word, low nibble first, stored as `q + 8`, with one scale
+/// per group of columns. Dequantized as compressed-tensors does: `q` times its scale, rounded once to the
+/// scale's dtype (bf16, or f16 in the emb4 tables).
+pub struct Packed {
+    packed: Tensor, // int32 [rows, ceil(cols / 8)]
+    scale: Tensor,  // bf16 or f16 [rows, cols / group]
+    shifts: Tensor, // int32 [0, 4, …, 28]: where each nibble sits in a word
+    cols: i64,
+}
+
+impl Packed {
+    fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
+        let nibbles = packed
+            .f_unsqueeze(-1)?
+            .f_bitwise_right_shift(shifts)?
+            .f_bitwise_and(0xF)?;
+        let q = nibbles
+            .f_flatten(-2, -1)?
+            .f_narrow(-1, 0, cols)?
+            .f_sub_scalar(8)?; // offset binary -> [-8, 7]
+        let groups = scale.size()[1];
+        let w = q
+            .f_to_kind(scale.kind())?
+            .f_unflatten(-1, [groups, cols / groups])?
+            .f_mul(&scale.f_unsqueeze(-1)?)?;
+        Ok(w.f_flatten(-2, -1)?)
+    }
+
+    /// The whole matrix, in the scale dtype.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        Self::unpack(&self.packed, &self.scale, &self.shifts, self.cols)
+    }
+
+    /// Only the rows `ids` (an embedding lookup), in the scale dtype: the table itself stays packed.
+    pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        let packed = self.packed.f_index_select(0, ids)?;
+        Self::unpack(
+            &packed,
+            &self.scale.f_index_select(0, ids)?,
+            &self.shifts,
+            self.cols,
+        )
+    }
+}
+// --8<-- [end:unpack]
+
+fn kind_of(dtype: Dtype) -> Kind {
+    match dtype {
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F16 => Kind::Half,
+        Dtype::F32 => Kind::Float,
+        Dtype::I32 => Kind::Int,
+        Dtype::I64 => Kind::Int64,
+        other => unreachable!("read() admits only the dtypes it is asked for, never {other:?}"),
+    }
+}
+
+/// The group size of a W4A16 checkpoint (None when it is not quantized); anything else is refused by name.
+fn quantization(config: &Path) -> Result<Option<i64>> {
+    let text =
+        std::fs::read_to_string(config).map_err(|e| Error::not_found(config, e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| invalid!("{}: not valid JSON: {e}", config.display()))?;
+    let Some(q) = json.get("quantization_config") else {
+        return Ok(None);
+    };
+    let unsupported = |what: String| {
+        Error::Unsupported(format!("{}: quantization_config {what}", config.display()))
+    };
+    let method = q["quant_method"].as_str().unwrap_or("");
+    if method != "compressed-tensors" {
+        return Err(unsupported(format!(
+            "quant_method {method:?}: only compressed-tensors is implemented"
+        )));
+    }
+    let format = q["format"].as_str().unwrap_or("");
+    if format != "pack-quantized" {
+        return Err(unsupported(format!(
+            "format {format:?}: only pack-quantized is implemented"
+        )));
+    }
+    let groups = q["config_groups"]
+        .as_object()
+        .ok_or_else(|| unsupported("has no config_groups".into()))?;
+    let mut group_size = None;
+    for (name, group) in groups {
+        let w = &group["weights"];
+        let (bits, sym, strategy) = (
+            w["num_bits"].as_i64(),
+            w["symmetric"].as_bool(),
+            w["strategy"].as_str(),
+        );
+        if bits != Some(4) || w["type"].as_str() != Some("int") {
+            return Err(unsupported(format!(
+                "{name}: num_bits {bits:?} type {}: only 4-bit int is implemented",
+                w["type"]
+            )));
+        }
+        if sym != Some(true) || strategy != Some("group") {
+            return Err(unsupported(format!("{name}: symmetric {sym:?} strategy {strategy:?}: only symmetric group scales are implemented")));
+        }
+        let size = w["group_size"]
+            .as_i64()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| invalid!("{}: {name} has no positive group_size", config.display()))?;
+        if group_size.is_some_and(|g| g != size) {
+            return Err(unsupported(format!(
+                "mixes group sizes {group_size:?} and {size}"
+            )));
+        }
+        group_size = Some(size);
+    }
+    Ok(group_size)
+}
