@@ -41,14 +41,14 @@ def main() -> None:
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to run.py after --")
     a = ap.parse_args()
     device = resolve(a.device)
-    out = a.out or ROOT / "docs" / "runs" / device
+    out = (a.out or ROOT / "docs" / "runs" / device).resolve()
     out.mkdir(parents=True, exist_ok=True)
     name = a.step.resolve().name
     json_path = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
     extra = [x for x in a.extra if x != "--"]
     cmd = ["python", f"steps/{name}/run.py", "--device", device, *extra]
     print(f"$ {shlex.join(cmd)}", flush=True)
-    proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(json_path)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(json_path.relative_to(ROOT))], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:  # show it live and keep it

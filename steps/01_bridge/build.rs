@@ -22,5 +22,8 @@ fn main() {
 
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = Command::new(rustc).arg("--version").output().expect("cannot run rustc --version");
-    println!("cargo:rustc-env=RUSTC_VERSION={}", String::from_utf8_lossy(&version.stdout).trim());
+    println!(
+        "cargo:rustc-env=RUSTC_VERSION={}",
+        String::from_utf8_lossy(&version.stdout).trim().trim_start_matches("rustc ")
+    );
 }

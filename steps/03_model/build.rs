@@ -3,8 +3,7 @@ use std::process::Command;
 
 fn main() {
     // torch-sys tells us (via its `links = "tch"` key) where the pip-installed libtorch lives.
-    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
-        .expect("torch-sys did not report DEP_TCH_LIBTORCH_LIB");
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report DEP_TCH_LIBTORCH_LIB");
     // Link arguments are not inherited from dependencies: without these only libtorch_cpu gets linked, and
     // the loader would not find libtorch at run time outside Python.
     println!("cargo:rustc-link-arg=-Wl,-rpath={lib}");
@@ -16,40 +15,23 @@ fn main() {
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
-    let tch = lock
-        .split("[[package]]")
-        .find(|p| p.contains("name = \"tch\"\n"));
+    let tch = lock.split("[[package]]").find(|p| p.contains("name = \"tch\"\n"));
     let tch = tch.and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")));
-    println!(
-        "cargo:rustc-env=TCH_VERSION={}",
-        tch.unwrap_or("\"unknown\"").trim_matches('"')
-    );
+    println!("cargo:rustc-env=TCH_VERSION={}", tch.unwrap_or("\"unknown\"").trim_matches('"'));
     println!("cargo:rerun-if-changed=Cargo.lock");
 
     // The torch this crate is built against: torch-sys found it by running the same interpreter
     // (`python` inside a virtualenv, else `python3`) and refused any release but the one tch pins.
-    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
-        "python"
-    } else {
-        "python3"
-    };
-    let torch = Command::new(python)
-        .args(["-c", "import torch; print(torch.__version__)"])
-        .output();
+    let python = if std::env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+    let torch = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output();
     let torch = torch.expect("cannot run python to ask for the torch version");
-    println!(
-        "cargo:rustc-env=BUILT_WITH_TORCH={}",
-        String::from_utf8_lossy(&torch.stdout).trim()
-    );
+    println!("cargo:rustc-env=BUILT_WITH_TORCH={}", String::from_utf8_lossy(&torch.stdout).trim());
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
 
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let version = Command::new(rustc)
-        .arg("--version")
-        .output()
-        .expect("cannot run rustc --version");
+    let version = Command::new(rustc).arg("--version").output().expect("cannot run rustc --version");
     println!(
         "cargo:rustc-env=RUSTC_VERSION={}",
-        String::from_utf8_lossy(&version.stdout).trim()
+        String::from_utf8_lossy(&version.stdout).trim().trim_start_matches("rustc ")
     );
 }

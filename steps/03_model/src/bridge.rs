@@ -9,10 +9,7 @@ pub fn take(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Tensor> {
     // SAFETY: `obj` is a live Python object for as long as we hold the `Bound`.
     let t = unsafe { Tensor::pyobject_unpack(obj.as_ptr().cast()) }.map_err(torch_error)?;
     t.ok_or_else(|| {
-        let kind = obj
-            .get_type()
-            .name()
-            .map_or_else(|_| "?".to_string(), |n| n.to_string());
+        let kind = obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
         PyTypeError::new_err(format!("{arg}: expected a torch.Tensor, got {kind}"))
     })
 }

@@ -61,15 +61,13 @@ pub enum Attention {
 impl TextConfig {
     /// Reads `config.json`: a `Gemma4ForCausalLM` config, or the multimodal layout with a `text_config`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Error::not_found(path, e.to_string()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| invalid!("{}: not valid JSON: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::not_found(path, e.to_string()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", path.display()))?;
         let text_config = json.get("text_config").unwrap_or(&json).clone();
         let cfg: TextConfig = serde_json::from_value(text_config)
             .map_err(|e| invalid!("{}: not a Gemma 4 text config: {e}", path.display()))?;
-        cfg.check()
-            .map_err(|e| invalid!("{}: {e}", path.display()))?;
+        cfg.check().map_err(|e| invalid!("{}: {e}", path.display()))?;
         Ok(cfg)
     }
 
@@ -87,16 +85,10 @@ impl TextConfig {
             return Err(format!("{name} must be positive, got {v}"));
         }
         if self.layer_types.len() as i64 != self.num_hidden_layers {
-            return Err(format!(
-                "{} layer_types for {} layers",
-                self.layer_types.len(),
-                self.num_hidden_layers
-            ));
+            return Err(format!("{} layer_types for {} layers", self.layer_types.len(), self.num_hidden_layers));
         }
-        if let Some(t) = self
-            .layer_types
-            .iter()
-            .find(|t| !["sliding_attention", "full_attention"].contains(&t.as_str()))
+        if let Some(t) =
+            self.layer_types.iter().find(|t| !["sliding_attention", "full_attention"].contains(&t.as_str()))
         {
             return Err(format!("unknown layer type {t:?}"));
         }
@@ -106,29 +98,19 @@ impl TextConfig {
             }
         }
         if self.hidden_activation != "gelu_pytorch_tanh" {
-            return Err(format!(
-                "hidden_activation {:?} is not gelu_pytorch_tanh",
-                self.hidden_activation
-            ));
+            return Err(format!("hidden_activation {:?} is not gelu_pytorch_tanh", self.hidden_activation));
         }
         if self.attention_k_eq_v {
-            return Err(
-                "attention_k_eq_v = true (values shared with keys) is not implemented".into(),
-            );
+            return Err("attention_k_eq_v = true (values shared with keys) is not implemented".into());
         }
         if !(0..self.num_hidden_layers).contains(&self.num_kv_shared_layers) {
-            return Err(format!(
-                "num_kv_shared_layers {} out of range",
-                self.num_kv_shared_layers
-            ));
+            return Err(format!("num_kv_shared_layers {} out of range", self.num_kv_shared_layers));
         }
         if self.num_kv_shared_layers > 0 {
             // a KV-shared layer borrows the cache of the last earlier layer of its type: one must exist
             for t in &self.layer_types[self.first_shared() as usize..] {
                 if !self.layer_types[..self.first_shared() as usize].contains(t) {
-                    return Err(format!(
-                        "a KV-shared {t} layer has no earlier {t} layer to share with"
-                    ));
+                    return Err(format!("a KV-shared {t} layer has no earlier {t} layer to share with"));
                 }
             }
         }
@@ -158,9 +140,7 @@ impl TextConfig {
 
     pub fn kv_heads(&self, kind: Attention) -> i64 {
         match kind {
-            Attention::Full => self
-                .num_global_key_value_heads
-                .unwrap_or(self.num_key_value_heads),
+            Attention::Full => self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads),
             Attention::Sliding => self.num_key_value_heads,
         }
     }
@@ -177,10 +157,7 @@ impl TextConfig {
         if i < first {
             return i;
         }
-        (0..first)
-            .rev()
-            .find(|&j| self.attention(j) == self.attention(i))
-            .expect("checked in check()")
+        (0..first).rev().find(|&j| self.attention(j) == self.attention(i)).expect("checked in check()")
     }
 
     pub fn intermediate(&self, i: i64) -> i64 {
@@ -196,16 +173,8 @@ impl TextConfig {
 /// new tokens still sees the `window` tokens before it.
 pub fn layout(cfg: &TextConfig) -> (i64, i64, i64, i64) {
     let owners = 0..cfg.first_shared();
-    let full = owners
-        .clone()
-        .filter(|&i| cfg.attention(i) == Attention::Full)
-        .count() as i64;
+    let full = owners.clone().filter(|&i| cfg.attention(i) == Attention::Full).count() as i64;
     let sliding = owners.count() as i64 - full;
-    (
-        full,
-        sliding,
-        cfg.num_kv_shared_layers,
-        2 * cfg.sliding_window,
-    )
+    (full, sliding, cfg.num_kv_shared_layers, 2 * cfg.sliding_window)
 }
 // --8<-- [end:layout]

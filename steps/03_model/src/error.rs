@@ -21,10 +21,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn not_found(path: &Path, what: impl Into<String>) -> Self {
-        Error::NotFound {
-            path: path.display().to_string(),
-            what: what.into(),
-        }
+        Error::NotFound { path: path.display().to_string(), what: what.into() }
     }
 }
 

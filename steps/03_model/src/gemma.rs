@@ -29,11 +29,7 @@ impl Table {
             let weight = format!("{name}.weight");
             let host = ckpt.read(
                 &weight,
-                &[
-                    safetensors::Dtype::BF16,
-                    safetensors::Dtype::F16,
-                    safetensors::Dtype::F32,
-                ],
+                &[safetensors::Dtype::BF16, safetensors::Dtype::F16, safetensors::Dtype::F32],
                 &[rows, cols],
             )?;
             Ok(Table::Dense(on(&host, like)?)) // kept in its stored dtype: rows are cast when gathered
@@ -116,9 +112,7 @@ fn index(kind: Attention) -> usize {
 /// Gemma 2 and 3, and `pow(…, -0.5)` rather than `rsqrt`, which rounds differently.
 fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     let xf = x.f_to_kind(Kind::Float)?;
-    let mean_square = xf
-        .f_pow_tensor_scalar(2)?
-        .f_mean_dim(-1, true, None::<Kind>)?;
+    let mean_square = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, None::<Kind>)?;
     let mut y = xf.f_mul(&mean_square.f_add_scalar(eps)?.f_pow_tensor_scalar(-0.5)?)?;
     if let Some(w) = weight {
         y = y.f_mul(w)?; // w is kept in float32
@@ -134,44 +128,26 @@ fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
 fn inv_freq(cfg: &TextConfig, kind: Attention) -> Result<Tensor> {
     let rope = cfg.rope(kind);
     let d = cfg.head_dim(kind);
-    let pairs = if rope.rope_type == "proportional" {
-        (rope.partial_rotary_factor * d as f64) as i64 / 2
-    } else {
-        d / 2
-    };
+    let pairs =
+        if rope.rope_type == "proportional" { (rope.partial_rotary_factor * d as f64) as i64 / 2 } else { d / 2 };
     let exponents = Tensor::f_arange_start_step(0, 2 * pairs, 2, (Kind::Int64, Device::Cpu))?
         .f_to_kind(Kind::Float)?
         .f_div_scalar(d as f64)?;
     let freq = Tensor::f_pow_scalar(rope.rope_theta, &exponents)?.f_reciprocal()?;
-    Ok(Tensor::f_cat(
-        &[
-            freq,
-            Tensor::f_zeros([d / 2 - pairs], (Kind::Float, Device::Cpu))?,
-        ],
-        0,
-    )?)
+    Ok(Tensor::f_cat(&[freq, Tensor::f_zeros([d / 2 - pairs], (Kind::Float, Device::Cpu))?], 0)?)
 }
 
 /// cos and sin `[tokens, 1, d]` for the positions `pos`, computed in float32 and cast to the compute dtype.
 fn cos_sin(inv_freq: &Tensor, pos: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
-    let freqs = pos
-        .f_to_kind(Kind::Float)?
-        .f_unsqueeze(1)?
-        .f_mul(&inv_freq.f_unsqueeze(0)?)?;
+    let freqs = pos.f_to_kind(Kind::Float)?.f_unsqueeze(1)?.f_mul(&inv_freq.f_unsqueeze(0)?)?;
     let angles = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(1)?;
-    Ok((
-        angles.f_cos()?.f_to_kind(kind)?,
-        angles.f_sin()?.f_to_kind(kind)?,
-    ))
+    Ok((angles.f_cos()?.f_to_kind(kind)?, angles.f_sin()?.f_to_kind(kind)?))
 }
 
 /// `x · cos + rotate_half(x) · sin` on `[tokens, heads, d]`, pairing dim i with i + d/2.
 fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let half = x.size()[2] / 2;
-    let rotated = Tensor::f_cat(
-        &[x.f_narrow(2, half, half)?.f_neg()?, x.f_narrow(2, 0, half)?],
-        -1,
-    )?;
+    let rotated = Tensor::f_cat(&[x.f_narrow(2, half, half)?.f_neg()?, x.f_narrow(2, 0, half)?], -1)?;
     Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
 }
 // --8<-- [end:rope]
@@ -185,26 +161,12 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, hidden: &Tensor, kind: Kind) -> Re
     let (tokens, heads, d) = q.size3()?;
     let kv_heads = k.size()[0];
     let group = heads / kv_heads;
-    let q = q
-        .f_permute([1, 0, 2])?
-        .f_reshape([kv_heads, group * tokens, d])?;
-    let scores = q
-        .f_matmul(&k.f_transpose(1, 2)?)?
-        .f_view([kv_heads, group, tokens, -1])?;
-    let lowest = if kind == Kind::BFloat16 {
-        -3.3895313892515355e38
-    } else {
-        f32::MIN as f64
-    };
-    let probs = scores
-        .f_masked_fill(hidden, lowest)?
-        .f_softmax(-1, Kind::Float)?
-        .f_to_kind(kind)?;
+    let q = q.f_permute([1, 0, 2])?.f_reshape([kv_heads, group * tokens, d])?;
+    let scores = q.f_matmul(&k.f_transpose(1, 2)?)?.f_view([kv_heads, group, tokens, -1])?;
+    let lowest = if kind == Kind::BFloat16 { -3.3895313892515355e38 } else { f32::MIN as f64 };
+    let probs = scores.f_masked_fill(hidden, lowest)?.f_softmax(-1, Kind::Float)?.f_to_kind(kind)?;
     let out = probs.f_view([kv_heads, group * tokens, -1])?.f_matmul(v)?;
-    Ok(out
-        .f_view([heads, tokens, d])?
-        .f_permute([1, 0, 2])?
-        .f_reshape([tokens, heads * d])?)
+    Ok(out.f_view([heads, tokens, d])?.f_permute([1, 0, 2])?.f_reshape([tokens, heads * d])?)
 }
 // --8<-- [end:attend]
 
@@ -218,9 +180,7 @@ fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// A python-style scalar rounded to the compute dtype first, as Transformers' `tensor(s).to(dtype)` does.
 fn scalar_in(value: f64, kind: Kind) -> Result<f64> {
-    Ok(Tensor::from(value as f32)
-        .f_to_kind(kind)?
-        .f_double_value(&[])?)
+    Ok(Tensor::from(value as f32).f_to_kind(kind)?.f_double_value(&[])?)
 }
 
 impl Gemma {
@@ -238,34 +198,14 @@ impl Gemma {
         let cfg = TextConfig::from_file(&model_dir.join("config.json"))?;
         let model = Checkpoint::open(model_dir)?;
         let twin = emb4_dir.map(Checkpoint::open).transpose()?;
-        let packed_in_twin = |name: &str| {
-            twin.as_ref()
-                .filter(|t| t.has(&format!("{name}.weight_packed")))
-        };
+        let packed_in_twin = |name: &str| twin.as_ref().filter(|t| t.has(&format!("{name}.weight_packed")));
         let table_source = |name: &str| packed_in_twin(name).unwrap_or(&model);
-        let (h, l, p) = (
-            cfg.hidden_size,
-            cfg.num_hidden_layers,
-            cfg.hidden_size_per_layer_input,
-        );
-        let f32_on =
-            |ckpt: &Checkpoint, name: &str, n: i64| ckpt.dense(name, &[n], Kind::Float, like);
+        let (h, l, p) = (cfg.hidden_size, cfg.num_hidden_layers, cfg.hidden_size_per_layer_input);
+        let f32_on = |ckpt: &Checkpoint, name: &str, n: i64| ckpt.dense(name, &[n], Kind::Float, like);
 
-        let embed_tokens = Table::load(
-            table_source("embed_tokens"),
-            "embed_tokens",
-            cfg.vocab_size,
-            h,
-            like,
-        )?;
+        let embed_tokens = Table::load(table_source("embed_tokens"), "embed_tokens", cfg.vocab_size, h, like)?;
         let ple = "embed_tokens_per_layer";
-        let embed_tokens_per_layer = Table::load(
-            table_source(ple),
-            ple,
-            cfg.vocab_size_per_layer_input,
-            l * p,
-            like,
-        )?;
+        let embed_tokens_per_layer = Table::load(table_source(ple), ple, cfg.vocab_size_per_layer_input, l * p, like)?;
         // The output head reads every row every token, so it is dequantized once (in the compute dtype)
         // rather than unpacked 262144 × 1536 values per token; untied only when a checkpoint ships it.
         // The output head reads every row every token, so it is dequantized once (in the compute dtype)
@@ -319,19 +259,10 @@ impl Gemma {
         }
         progress(l as usize, l as usize);
         Ok(Gemma {
-            per_layer_model_projection: model.linear(
-                "per_layer_model_projection",
-                l * p,
-                h,
-                kind,
-                like,
-            )?,
+            per_layer_model_projection: model.linear("per_layer_model_projection", l * p, h, kind, like)?,
             per_layer_projection_norm: f32_on(&model, "per_layer_projection_norm.weight", p)?,
             norm: f32_on(&model, "norm.weight", h)?,
-            inv_freq: [
-                on(&inv_freq(&cfg, Attention::Sliding)?, like)?,
-                on(&inv_freq(&cfg, Attention::Full)?, like)?,
-            ],
+            inv_freq: [on(&inv_freq(&cfg, Attention::Sliding)?, like)?, on(&inv_freq(&cfg, Attention::Full)?, like)?],
             // keep an empty tensor on the device, not the caller's (possibly large) one
             like: on(&Tensor::f_empty([0], (kind, Device::Cpu))?, like)?,
             cfg,
@@ -351,35 +282,19 @@ impl Gemma {
         let mut kv = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             kv.push(if layer.kv_source == i {
-                let shape = [
-                    self.cfg.kv_heads(layer.attention),
-                    slots(layer.attention),
-                    layer.head_dim,
-                ];
+                let shape = [self.cfg.kv_heads(layer.attention), slots(layer.attention), layer.head_dim];
                 // zeros, never NaN: masked slots still get multiplied by 0. Two allocations: on the CPU
                 // `on` returns its input, and keys and values must not share storage.
-                let zeros = || -> Result<Tensor> {
-                    Ok(on(
-                        &Tensor::f_zeros(shape, (self.kind, Device::Cpu))?,
-                        &self.like,
-                    )?)
-                };
+                let zeros =
+                    || -> Result<Tensor> { Ok(on(&Tensor::f_zeros(shape, (self.kind, Device::Cpu))?, &self.like)?) };
                 Some((zeros()?, zeros()?))
             } else {
                 None
             });
         }
-        let empty = |n: i64| -> Result<Tensor> {
-            Ok(on(
-                &Tensor::f_full([n], -1, (Kind::Int64, Device::Cpu))?,
-                &self.like,
-            )?)
-        };
-        Ok(Cache {
-            kv,
-            slot_pos: [empty(ring)?, empty(ctx)?],
-            ctx,
-        })
+        let empty =
+            |n: i64| -> Result<Tensor> { Ok(on(&Tensor::f_full([n], -1, (Kind::Int64, Device::Cpu))?, &self.like)?) };
+        Ok(Cache { kv, slot_pos: [empty(ring)?, empty(ctx)?], ctx })
     }
 
     /// Prompt tokens per forward pass while reading: one sliding window.
@@ -405,35 +320,19 @@ impl Gemma {
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (kind, eps) = (self.kind, cfg.rms_norm_eps);
-        let (h_size, l, p) = (
-            cfg.hidden_size,
-            cfg.num_hidden_layers,
-            cfg.hidden_size_per_layer_input,
-        );
+        let (h_size, l, p) = (cfg.hidden_size, cfg.num_hidden_layers, cfg.hidden_size_per_layer_input);
         let tokens = ids.size()[0];
 
         // Embeddings, scaled by sqrt(hidden) rounded to the compute dtype (39.19 -> 39.25 in bf16).
-        let mut h = self
-            .embed_tokens
-            .rows(ids, kind)?
-            .f_mul_scalar(scalar_in((h_size as f64).sqrt(), kind)?)?;
+        let mut h = self.embed_tokens.rows(ids, kind)?.f_mul_scalar(scalar_in((h_size as f64).sqrt(), kind)?)?;
 
         // Per-layer inputs: a token-identity part (a second, huge embedding table) and a context part
         // (a projection of the embeddings), mixed once here and handed to every layer.
-        let identity = self
-            .embed_tokens_per_layer
-            .rows(ids, kind)?
-            .f_mul_scalar(scalar_in((p as f64).sqrt(), kind)?)?;
-        let context = linear(&h, &self.per_layer_model_projection)?
-            .f_mul_scalar((h_size as f64).powf(-0.5))?;
-        let context = rms_norm(
-            &context.f_view([tokens, l, p])?,
-            Some(&self.per_layer_projection_norm),
-            eps,
-        )?;
-        let per_layer_input = context
-            .f_add(&identity.f_view([tokens, l, p])?)?
-            .f_mul_scalar(2f64.powf(-0.5))?;
+        let identity =
+            self.embed_tokens_per_layer.rows(ids, kind)?.f_mul_scalar(scalar_in((p as f64).sqrt(), kind)?)?;
+        let context = linear(&h, &self.per_layer_model_projection)?.f_mul_scalar((h_size as f64).powf(-0.5))?;
+        let context = rms_norm(&context.f_view([tokens, l, p])?, Some(&self.per_layer_projection_norm), eps)?;
+        let per_layer_input = context.f_add(&identity.f_view([tokens, l, p])?)?.f_mul_scalar(2f64.powf(-0.5))?;
 
         // Where the new tokens go in each cache, and which slots each query may see.
         let mut masks = Vec::new();
@@ -443,17 +342,12 @@ impl Gemma {
             let slots = pos.f_remainder(slot_pos.size()[0])?;
             let _ = slot_pos.f_index_copy_(0, &slots, pos)?;
             let query = pos.f_unsqueeze(1)?;
-            let mut visible = slot_pos
-                .f_ge(0)?
-                .f_unsqueeze(0)?
-                .f_logical_and(&slot_pos.f_unsqueeze(0)?.f_le_tensor(&query)?)?;
+            let mut visible =
+                slot_pos.f_ge(0)?.f_unsqueeze(0)?.f_logical_and(&slot_pos.f_unsqueeze(0)?.f_le_tensor(&query)?)?;
             if a == Attention::Sliding {
                 // key k is visible to query q iff q - window < k <= q
-                visible = visible.f_logical_and(
-                    &slot_pos
-                        .f_unsqueeze(0)?
-                        .f_gt_tensor(&query.f_sub_scalar(cfg.sliding_window)?)?,
-                )?;
+                visible = visible
+                    .f_logical_and(&slot_pos.f_unsqueeze(0)?.f_gt_tensor(&query.f_sub_scalar(cfg.sliding_window)?)?)?;
             }
             masks.push((slots, visible.f_logical_not()?));
             rope.push(cos_sin(&self.inv_freq[index(a)], pos, kind)?);
@@ -469,49 +363,32 @@ impl Gemma {
 
             // Attention: q/k/v projections, q/k RMS-normed (v without a weight), RoPE after the norms.
             let x = rms_norm(&h, Some(&layer.input_norm), eps)?;
-            let q = rms_norm(
-                &linear(&x, &layer.q_proj)?.f_view([tokens, -1, d])?,
-                Some(&layer.q_norm),
-                eps,
-            )?;
+            let q = rms_norm(&linear(&x, &layer.q_proj)?.f_view([tokens, -1, d])?, Some(&layer.q_norm), eps)?;
             let q = rotate(&q, cos, sin)?;
             if let Some((k_proj, v_proj, k_norm)) = &layer.kv {
-                let k = rms_norm(
-                    &linear(&x, k_proj)?.f_view([tokens, -1, d])?,
-                    Some(k_norm),
-                    eps,
-                )?;
+                let k = rms_norm(&linear(&x, k_proj)?.f_view([tokens, -1, d])?, Some(k_norm), eps)?;
                 let k = rotate(&k, cos, sin)?;
                 let v = rms_norm(&linear(&x, v_proj)?.f_view([tokens, -1, d])?, None, eps)?;
-                let (k_cache, v_cache) = cache.kv[i]
-                    .as_mut()
-                    .expect("a cache-owning layer has a cache");
+                let (k_cache, v_cache) = cache.kv[i].as_mut().expect("a cache-owning layer has a cache");
                 let _ = k_cache.f_index_copy_(1, slots, &k.f_transpose(0, 1)?)?;
                 let _ = v_cache.f_index_copy_(1, slots, &v.f_transpose(0, 1)?)?;
             }
             // KV-shared layers read the cache their source layer (earlier in this same pass) just wrote.
-            let (k_cache, v_cache) = cache.kv[layer.kv_source]
-                .as_ref()
-                .expect("a KV source owns a cache");
+            let (k_cache, v_cache) = cache.kv[layer.kv_source].as_ref().expect("a KV source owns a cache");
             let attn = linear(&attend(&q, k_cache, v_cache, masked, kind)?, &layer.o_proj)?;
             h = h.f_add(&rms_norm(&attn, Some(&layer.post_attention_norm), eps)?)?;
 
             // Feed-forward: down(gelu_tanh(gate(x)) * up(x)); double-wide on KV-shared layers.
             let x = rms_norm(&h, Some(&layer.pre_feedforward_norm), eps)?;
-            let ff = linear(
-                &gelu(&linear(&x, &layer.gate_proj)?)?.f_mul(&linear(&x, &layer.up_proj)?)?,
-                &layer.down_proj,
-            )?;
+            let ff =
+                linear(&gelu(&linear(&x, &layer.gate_proj)?)?.f_mul(&linear(&x, &layer.up_proj)?)?, &layer.down_proj)?;
             h = h.f_add(&rms_norm(&ff, Some(&layer.post_feedforward_norm), eps)?)?;
 
             // Per-layer input: gate the residual stream, mix in this layer's slice, project back.
-            let gated = gelu(&linear(&h, &layer.per_layer_input_gate)?)?
-                .f_mul(&per_layer_input.f_select(1, i as i64)?)?;
-            let x = rms_norm(
-                &linear(&gated, &layer.per_layer_projection)?,
-                Some(&layer.post_per_layer_input_norm),
-                eps,
-            )?;
+            let gated =
+                gelu(&linear(&h, &layer.per_layer_input_gate)?)?.f_mul(&per_layer_input.f_select(1, i as i64)?)?;
+            let x =
+                rms_norm(&linear(&gated, &layer.per_layer_projection)?, Some(&layer.post_per_layer_input_norm), eps)?;
             h = h.f_add(&x)?.f_mul(&layer.layer_scalar)?; // the scalar scales the whole residual stream
         }
         let out = rms_norm(&h, Some(&self.norm), eps)?;
@@ -549,12 +426,7 @@ impl Gemma {
             let start = n as i64 * self.chunk_len();
             let pos = self.to_device(&(start..start + chunk.len() as i64).collect::<Vec<_>>())?;
             let mut states = Vec::new();
-            let h = self.forward(
-                &self.to_device(chunk)?,
-                &pos,
-                cache,
-                collect.then_some(&mut states),
-            )?;
+            let h = self.forward(&self.to_device(chunk)?, &pos, cache, collect.then_some(&mut states))?;
             each(start, h, states)?;
         }
         Ok(())

@@ -60,18 +60,14 @@ fn compute_kind(dtype: &str) -> PyResult<Kind> {
     match dtype {
         "bfloat16" => Ok(Kind::BFloat16),
         "float32" => Ok(Kind::Float),
-        _ => Err(PyValueError::new_err(format!(
-            "dtype={dtype:?}: use \"bfloat16\" or \"float32\""
-        ))),
+        _ => Err(PyValueError::new_err(format!("dtype={dtype:?}: use \"bfloat16\" or \"float32\""))),
     }
 }
 
 fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
     let most = cfg.max_position_embeddings;
     if ctx < 1 || ctx > most {
-        return Err(PyValueError::new_err(format!(
-            "ctx={ctx}: must be between 1 and max_position_embeddings={most}"
-        )));
+        return Err(PyValueError::new_err(format!("ctx={ctx}: must be between 1 and max_position_embeddings={most}")));
     }
     Ok(())
 }
@@ -103,10 +99,7 @@ impl Engine {
             return Err(e);
         }
         let cache = model.new_cache(ctx)?;
-        Ok(Engine {
-            owner: std::thread::current().id(),
-            state: Mutex::new(State { model, cache }),
-        })
+        Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(State { model, cache }) })
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
@@ -119,13 +112,7 @@ impl Engine {
     /// Exactly `max_new` greedy tokens after the prompt `ids`. read_s: the prompt read, which also yields the
     /// first token; decode_s: the other max_new - 1 steps. Tokens reach the host every `read_every` steps.
     #[pyo3(signature = (ids, max_new, read_every = 1))]
-    fn generate(
-        &self,
-        py: Python<'_>,
-        ids: Vec<i64>,
-        max_new: i64,
-        read_every: i64,
-    ) -> PyResult<(Vec<i64>, f64, f64)> {
+    fn generate(&self, py: Python<'_>, ids: Vec<i64>, max_new: i64, read_every: i64) -> PyResult<(Vec<i64>, f64, f64)> {
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
@@ -136,18 +123,12 @@ impl Engine {
             )));
         }
         if read_every < 1 {
-            return Err(PyValueError::new_err(format!(
-                "read_every={read_every}: must be >= 1"
-            )));
+            return Err(PyValueError::new_err(format!("read_every={read_every}: must be >= 1")));
         }
         let state: &mut State = &mut state; // `&mut` is Send where `&` would need Sync, which tensors are not
                                             // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if
                                             // they touch this engine).
-        Ok(py.detach(move || {
-            state
-                .model
-                .generate(&ids, max_new, read_every, &mut state.cache)
-        })?)
+        Ok(py.detach(move || state.model.generate(&ids, max_new, read_every, &mut state.cache))?)
     }
 
     /// logits(ids, positions=None) -> torch.Tensor
@@ -155,20 +136,13 @@ impl Engine {
     /// float32 [n, vocab] logits at `positions` (indices into ids; default all), computed through the same
     /// chunked read and caches as generate, from a fresh cache.
     #[pyo3(signature = (ids, positions = None))]
-    fn logits<'py>(
-        &self,
-        py: Python<'py>,
-        ids: Vec<i64>,
-        positions: Option<Vec<i64>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn logits<'py>(&self, py: Python<'py>, ids: Vec<i64>, positions: Option<Vec<i64>>) -> PyResult<Bound<'py, PyAny>> {
         let mut state = self.state()?;
         check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
         let n = ids.len() as i64;
         let positions = positions.unwrap_or_else(|| (0..n).collect());
         if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= n) {
-            return Err(PyValueError::new_err(format!(
-                "positions: {p} is not an index into ids (len {n})"
-            )));
+            return Err(PyValueError::new_err(format!("positions: {p} is not an index into ids (len {n})")));
         }
         let State { model, cache } = &mut *state;
         let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
@@ -181,13 +155,9 @@ impl Engine {
             }
             Ok(())
         })?;
-        let rows: Vec<Tensor> = rows
-            .into_iter()
-            .map(|r| r.expect("every position lies in some chunk"))
-            .collect();
+        let rows: Vec<Tensor> = rows.into_iter().map(|r| r.expect("every position lies in some chunk")).collect();
         let logits = if rows.is_empty() {
-            Tensor::f_empty([0, model.cfg.vocab_size], (Kind::Float, tch::Device::Cpu))
-                .map_err(torch_error)?
+            Tensor::f_empty([0, model.cfg.vocab_size], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?
         } else {
             Tensor::f_cat(&rows, 0).map_err(torch_error)?
         };
@@ -235,34 +205,23 @@ impl Engine {
                 "Engine: called from a thread other than the one that created it; create the Engine in the thread that uses it",
             ));
         }
-        self.state.lock().map_err(|_| {
-            PyRuntimeError::new_err("Engine: an earlier call failed midway; create a new Engine")
-        })
+        self.state
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("Engine: an earlier call failed midway; create a new Engine"))
     }
 }
 
 /// Prompt ids must be in the vocabulary (of both embedding tables) and fit the context.
 fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
     if ids.is_empty() {
-        return Err(PyValueError::new_err(
-            "ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)",
-        ));
+        return Err(PyValueError::new_err("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)"));
     }
     if ids.len() as i64 > ctx {
-        return Err(PyValueError::new_err(format!(
-            "ids: {} tokens do not fit ctx={ctx}",
-            ids.len()
-        )));
+        return Err(PyValueError::new_err(format!("ids: {} tokens do not fit ctx={ctx}", ids.len())));
     }
     let vocab = cfg.vocab_size.min(cfg.vocab_size_per_layer_input);
-    if let Some((i, id)) = ids
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id < 0 || id >= vocab)
-    {
-        return Err(PyValueError::new_err(format!(
-            "ids[{i}] = {id} is outside the vocabulary [0, {vocab})"
-        )));
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id >= vocab) {
+        return Err(PyValueError::new_err(format!("ids[{i}] = {id} is outside the vocabulary [0, {vocab})")));
     }
     Ok(())
 }

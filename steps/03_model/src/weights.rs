@@ -41,17 +41,11 @@ impl Checkpoint {
         let group_size = quantization(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<String> = if index.is_file() {
-            let text = std::fs::read_to_string(&index)
-                .map_err(|e| Error::not_found(&index, e.to_string()))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| invalid!("{}: not valid JSON: {e}", index.display()))?;
-            let map = json["weight_map"]
-                .as_object()
-                .ok_or_else(|| invalid!("{}: no weight_map", index.display()))?;
-            let mut files: Vec<String> = map
-                .values()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect();
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::not_found(&index, e.to_string()))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", index.display()))?;
+            let map = json["weight_map"].as_object().ok_or_else(|| invalid!("{}: no weight_map", index.display()))?;
+            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
             files.sort();
             files.dedup();
             files
@@ -64,33 +58,20 @@ impl Checkpoint {
             let path = dir.join(&name);
             let file = File::open(&path).map_err(|e| Error::not_found(&path, e.to_string()))?;
             // SAFETY: the file is only read; a checkpoint changed on disk while mapped is outside our control.
-            let map = unsafe { Mmap::map(&file) }
-                .map_err(|e| invalid!("{}: cannot map: {e}", path.display()))?;
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| invalid!("{}: cannot map: {e}", path.display()))?;
             let (header, meta) = SafeTensors::read_metadata(&map)
                 .map_err(|e| invalid!("{}: not a valid safetensors file ({e})", path.display()))?;
             for (tensor, info) in meta.tensors() {
                 tensors.insert(tensor, (shards.len(), info.clone()));
             }
-            shards.push(Shard {
-                map,
-                data_start: 8 + header,
-            });
+            shards.push(Shard { map, data_start: 8 + header });
         }
-        let prefix = if tensors
-            .keys()
-            .any(|k| k.starts_with("model.language_model."))
-        {
+        let prefix = if tensors.keys().any(|k| k.starts_with("model.language_model.")) {
             "model.language_model."
         } else {
             "model."
         };
-        Ok(Checkpoint {
-            dir: dir.to_path_buf(),
-            shards,
-            tensors,
-            prefix,
-            group_size,
-        })
+        Ok(Checkpoint { dir: dir.to_path_buf(), shards, tensors, prefix, group_size })
     }
 
     fn full_name(&self, name: &str) -> String {
@@ -113,37 +94,20 @@ impl Checkpoint {
     /// the dtypes and shape the model expects.
     pub fn read(&self, name: &str, dtypes: &[Dtype], shape: &[i64]) -> Result<Tensor> {
         let full = self.full_name(name);
-        let (shard, info) = self
-            .tensors
-            .get(&full)
-            .ok_or_else(|| invalid!("missing {}", self.where_(name)))?;
+        let (shard, info) = self.tensors.get(&full).ok_or_else(|| invalid!("missing {}", self.where_(name)))?;
         if !dtypes.contains(&info.dtype) {
-            return Err(invalid!(
-                "{}: dtype {:?}, expected one of {dtypes:?}",
-                self.where_(name),
-                info.dtype
-            ));
+            return Err(invalid!("{}: dtype {:?}, expected one of {dtypes:?}", self.where_(name), info.dtype));
         }
         let found: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
         if found != shape {
-            return Err(invalid!(
-                "{}: shape {found:?}, expected {shape:?}",
-                self.where_(name)
-            ));
+            return Err(invalid!("{}: shape {found:?}, expected {shape:?}", self.where_(name)));
         }
         let shard = &self.shards[*shard];
-        let (start, end) = (
-            shard.data_start + info.data_offsets.0,
-            shard.data_start + info.data_offsets.1,
-        );
+        let (start, end) = (shard.data_start + info.data_offsets.0, shard.data_start + info.data_offsets.1);
         let host = Tensor::f_from_data_size(&shard.map[start..end], shape, kind_of(info.dtype))?;
         // The bytes are copied now: let the kernel drop the file pages instead of keeping a second copy.
         // SAFETY: the map is read-only and file-backed; dropped pages are simply read again if needed.
-        let _ = unsafe {
-            shard
-                .map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
-        };
+        let _ = unsafe { shard.map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start) };
         Ok(host)
     }
 
@@ -155,55 +119,26 @@ impl Checkpoint {
 
     /// A packed int4 matrix `[rows, cols]` as stored: `weight_packed`, `weight_scale`, `weight_shape`.
     pub fn packed(&self, module: &str, rows: i64, cols: i64, like: &Tensor) -> Result<Packed> {
-        let group = self.group_size.ok_or_else(|| {
-            invalid!(
-                "{} is packed but config.json has no quantization_config",
-                self.where_(module)
-            )
-        })?;
+        let group = self
+            .group_size
+            .ok_or_else(|| invalid!("{} is packed but config.json has no quantization_config", self.where_(module)))?;
         if cols % group != 0 {
-            return Err(invalid!(
-                "{}: {cols} columns are not a multiple of group_size {group}",
-                self.where_(module)
-            ));
+            return Err(invalid!("{}: {cols} columns are not a multiple of group_size {group}", self.where_(module)));
         }
         let shape_name = format!("{module}.weight_shape");
         let stored = self.read(&shape_name, &[Dtype::I64, Dtype::I32], &[2])?;
         let stored: Vec<i64> = Vec::<i64>::try_from(stored.f_to_kind(Kind::Int64)?)?;
         if stored != [rows, cols] {
-            return Err(invalid!(
-                "{}: says {stored:?}, the config implies [{rows}, {cols}]",
-                self.where_(&shape_name)
-            ));
+            return Err(invalid!("{}: says {stored:?}, the config implies [{rows}, {cols}]", self.where_(&shape_name)));
         }
-        let packed = self.read(
-            &format!("{module}.weight_packed"),
-            &[Dtype::I32],
-            &[rows, (cols + 7) / 8],
-        )?;
-        let scale = self.read(
-            &format!("{module}.weight_scale"),
-            &[Dtype::BF16, Dtype::F16],
-            &[rows, cols / group],
-        )?;
+        let packed = self.read(&format!("{module}.weight_packed"), &[Dtype::I32], &[rows, (cols + 7) / 8])?;
+        let scale = self.read(&format!("{module}.weight_scale"), &[Dtype::BF16, Dtype::F16], &[rows, cols / group])?;
         let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
-        Ok(Packed {
-            packed: on(&packed, like)?,
-            scale: on(&scale, like)?,
-            shifts: on(&shifts, like)?,
-            cols,
-        })
+        Ok(Packed { packed: on(&packed, like)?, scale: on(&scale, like)?, shifts: on(&shifts, like)?, cols })
     }
 
     /// A linear layer's weight `[out, in]` in `kind` on like's device: unpacked once if stored packed.
-    pub fn linear(
-        &self,
-        module: &str,
-        out: i64,
-        inp: i64,
-        kind: Kind,
-        like: &Tensor,
-    ) -> Result<Tensor> {
+    pub fn linear(&self, module: &str, out: i64, inp: i64, kind: Kind, like: &Tensor) -> Result<Tensor> {
         if self.has(&format!("{module}.weight_packed")) {
             let host = Tensor::f_zeros([1], (Kind::Float, Device::Cpu))?;
             let w = self.packed(module, out, inp, &host)?.dequantize()?;
@@ -227,19 +162,10 @@ pub struct Packed {
 
 impl Packed {
     fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
-        let nibbles = packed
-            .f_unsqueeze(-1)?
-            .f_bitwise_right_shift(shifts)?
-            .f_bitwise_and(0xF)?;
-        let q = nibbles
-            .f_flatten(-2, -1)?
-            .f_narrow(-1, 0, cols)?
-            .f_sub_scalar(8)?; // offset binary -> [-8, 7]
+        let nibbles = packed.f_unsqueeze(-1)?.f_bitwise_right_shift(shifts)?.f_bitwise_and(0xF)?;
+        let q = nibbles.f_flatten(-2, -1)?.f_narrow(-1, 0, cols)?.f_sub_scalar(8)?; // offset binary -> [-8, 7]
         let groups = scale.size()[1];
-        let w = q
-            .f_to_kind(scale.kind())?
-            .f_unflatten(-1, [groups, cols / groups])?
-            .f_mul(&scale.f_unsqueeze(-1)?)?;
+        let w = q.f_to_kind(scale.kind())?.f_unflatten(-1, [groups, cols / groups])?.f_mul(&scale.f_unsqueeze(-1)?)?;
         Ok(w.f_flatten(-2, -1)?)
     }
 
@@ -251,12 +177,7 @@ impl Packed {
     /// Only the rows `ids` (an embedding lookup), in the scale dtype: the table itself stays packed.
     pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
         let packed = self.packed.f_index_select(0, ids)?;
-        Self::unpack(
-            &packed,
-            &self.scale.f_index_select(0, ids)?,
-            &self.shifts,
-            self.cols,
-        )
+        Self::unpack(&packed, &self.scale.f_index_select(0, ids)?, &self.shifts, self.cols)
     }
 }
 // --8<-- [end:unpack]
@@ -274,39 +195,26 @@ fn kind_of(dtype: Dtype) -> Kind {
 
 /// The group size of a W4A16 checkpoint (None when it is not quantized); anything else is refused by name.
 fn quantization(config: &Path) -> Result<Option<i64>> {
-    let text =
-        std::fs::read_to_string(config).map_err(|e| Error::not_found(config, e.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| invalid!("{}: not valid JSON: {e}", config.display()))?;
+    let text = std::fs::read_to_string(config).map_err(|e| Error::not_found(config, e.to_string()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", config.display()))?;
     let Some(q) = json.get("quantization_config") else {
         return Ok(None);
     };
-    let unsupported = |what: String| {
-        Error::Unsupported(format!("{}: quantization_config {what}", config.display()))
-    };
+    let unsupported = |what: String| Error::Unsupported(format!("{}: quantization_config {what}", config.display()));
     let method = q["quant_method"].as_str().unwrap_or("");
     if method != "compressed-tensors" {
-        return Err(unsupported(format!(
-            "quant_method {method:?}: only compressed-tensors is implemented"
-        )));
+        return Err(unsupported(format!("quant_method {method:?}: only compressed-tensors is implemented")));
     }
     let format = q["format"].as_str().unwrap_or("");
     if format != "pack-quantized" {
-        return Err(unsupported(format!(
-            "format {format:?}: only pack-quantized is implemented"
-        )));
+        return Err(unsupported(format!("format {format:?}: only pack-quantized is implemented")));
     }
-    let groups = q["config_groups"]
-        .as_object()
-        .ok_or_else(|| unsupported("has no config_groups".into()))?;
+    let groups = q["config_groups"].as_object().ok_or_else(|| unsupported("has no config_groups".into()))?;
     let mut group_size = None;
     for (name, group) in groups {
         let w = &group["weights"];
-        let (bits, sym, strategy) = (
-            w["num_bits"].as_i64(),
-            w["symmetric"].as_bool(),
-            w["strategy"].as_str(),
-        );
+        let (bits, sym, strategy) = (w["num_bits"].as_i64(), w["symmetric"].as_bool(), w["strategy"].as_str());
         if bits != Some(4) || w["type"].as_str() != Some("int") {
             return Err(unsupported(format!(
                 "{name}: num_bits {bits:?} type {}: only 4-bit int is implemented",
@@ -314,16 +222,16 @@ fn quantization(config: &Path) -> Result<Option<i64>> {
             )));
         }
         if sym != Some(true) || strategy != Some("group") {
-            return Err(unsupported(format!("{name}: symmetric {sym:?} strategy {strategy:?}: only symmetric group scales are implemented")));
+            return Err(unsupported(format!(
+                "{name}: symmetric {sym:?} strategy {strategy:?}: only symmetric group scales are implemented"
+            )));
         }
         let size = w["group_size"]
             .as_i64()
             .filter(|&g| g > 0)
             .ok_or_else(|| invalid!("{}: {name} has no positive group_size", config.display()))?;
         if group_size.is_some_and(|g| g != size) {
-            return Err(unsupported(format!(
-                "mixes group sizes {group_size:?} and {size}"
-            )));
+            return Err(unsupported(format!("mixes group sizes {group_size:?} and {size}")));
         }
         group_size = Some(size);
     }
