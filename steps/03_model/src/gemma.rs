@@ -1,4 +1,4 @@
-//! Gemma 4 text model (the E-series: E2B, E4B), written to read like `shared/notes/gemma4-text.md`.
+//! Gemma 4 text model (the E-series: E2B, E4B), in the order the guide describes it (docs/steps/03_model.md).
 //!
 //! One forward pass works on a chunk of consecutive tokens of one sequence. Keys and values go into fixed-size
 //! caches — a ring of `window + chunk` slots for each sliding layer, `ctx` slots for each full layer — and
@@ -196,6 +196,8 @@ impl Gemma {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Gemma> {
         let cfg = TextConfig::from_file(&model_dir.join("config.json"))?;
+        // an empty tensor on the device stands in for the caller's (which may be large) from here on
+        let like = &on(&Tensor::f_empty([0], (kind, Device::Cpu))?, like)?;
         let model = Checkpoint::open(model_dir)?;
         let twin = emb4_dir.map(Checkpoint::open).transpose()?;
         let packed_in_twin = |name: &str| twin.as_ref().filter(|t| t.has(&format!("{name}.weight_packed")));
@@ -206,8 +208,6 @@ impl Gemma {
         let embed_tokens = Table::load(table_source("embed_tokens"), "embed_tokens", cfg.vocab_size, h, like)?;
         let ple = "embed_tokens_per_layer";
         let embed_tokens_per_layer = Table::load(table_source(ple), ple, cfg.vocab_size_per_layer_input, l * p, like)?;
-        // The output head reads every row every token, so it is dequantized once (in the compute dtype)
-        // rather than unpacked 262144 × 1536 values per token; untied only when a checkpoint ships it.
         // The output head reads every row every token, so it is dequantized once (in the compute dtype)
         // rather than unpacked, 262144 × 1536 values, at every step. Untied only when a checkpoint ships it.
         let has_head = |c: &&Checkpoint| c.has("lm_head.weight_packed") || c.has("lm_head.weight");
@@ -263,8 +263,7 @@ impl Gemma {
             per_layer_projection_norm: f32_on(&model, "per_layer_projection_norm.weight", p)?,
             norm: f32_on(&model, "norm.weight", h)?,
             inv_freq: [on(&inv_freq(&cfg, Attention::Sliding)?, like)?, on(&inv_freq(&cfg, Attention::Full)?, like)?],
-            // keep an empty tensor on the device, not the caller's (possibly large) one
-            like: on(&Tensor::f_empty([0], (kind, Device::Cpu))?, like)?,
+            like: like.shallow_clone(),
             cfg,
             kind,
             embed_tokens,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tch::{Kind, Tensor};
@@ -84,6 +84,9 @@ impl Engine {
         dtype: &str,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        if !model_dir.is_dir() {
+            return Err(Error::not_found(&model_dir, "no such checkpoint folder").into());
+        }
         let kind = compute_kind(dtype)?;
         let like = take(like, "Engine(like)")?;
         let cfg = TextConfig::from_file(&model_dir.join("config.json"))?;
@@ -112,7 +115,14 @@ impl Engine {
     /// Exactly `max_new` greedy tokens after the prompt `ids`. read_s: the prompt read, which also yields the
     /// first token; decode_s: the other max_new - 1 steps. Tokens reach the host every `read_every` steps.
     #[pyo3(signature = (ids, max_new, read_every = 1))]
-    fn generate(&self, py: Python<'_>, ids: Vec<i64>, max_new: i64, read_every: i64) -> PyResult<(Vec<i64>, f64, f64)> {
+    fn generate(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        max_new: i64,
+        read_every: i64,
+    ) -> PyResult<(Vec<i64>, f64, f64)> {
+        let ids = token_ids(ids, "generate(ids)")?;
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
@@ -136,7 +146,14 @@ impl Engine {
     /// float32 [n, vocab] logits at `positions` (indices into ids; default all), computed through the same
     /// chunked read and caches as generate, from a fresh cache.
     #[pyo3(signature = (ids, positions = None))]
-    fn logits<'py>(&self, py: Python<'py>, ids: Vec<i64>, positions: Option<Vec<i64>>) -> PyResult<Bound<'py, PyAny>> {
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = token_ids(ids, "logits(ids)")?;
+        let positions = positions.map(|p| token_ids(p, "logits(positions)")).transpose()?;
         let mut state = self.state()?;
         check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
         let n = ids.len() as i64;
@@ -168,7 +185,8 @@ impl Engine {
     ///
     /// L + 1 tensors [len(ids), hidden] in Transformers' convention: the input of each layer, then the
     /// final-norm output.
-    fn hidden_states<'py>(&self, py: Python<'py>, ids: Vec<i64>) -> PyResult<Bound<'py, PyList>> {
+    fn hidden_states<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let ids = token_ids(ids, "hidden_states(ids)")?;
         let mut state = self.state()?;
         check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
         let State { model, cache } = &mut *state;
@@ -209,6 +227,16 @@ impl Engine {
             .lock()
             .map_err(|_| PyRuntimeError::new_err("Engine: an earlier call failed midway; create a new Engine"))
     }
+}
+
+/// A list of ints from Python; anything else is a TypeError that names the argument.
+fn token_ids(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let wrong = |why: String| PyTypeError::new_err(format!("{arg}: expected a list of ints, {why}"));
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(wrong("got str".into()));
+    }
+    obj.extract::<Vec<i64>>()
+        .map_err(|e| wrong(format!("got {}: {e}", obj.get_type().name().map_or("?".into(), |n| n.to_string()))))
 }
 
 /// Prompt ids must be in the vocabulary (of both embedding tables) and fit the context.

@@ -139,12 +139,15 @@ impl Checkpoint {
 
     /// A linear layer's weight `[out, in]` in `kind` on like's device: unpacked once if stored packed.
     pub fn linear(&self, module: &str, out: i64, inp: i64, kind: Kind, like: &Tensor) -> Result<Tensor> {
-        if self.has(&format!("{module}.weight_packed")) {
+        let packed = format!("{module}.weight_packed");
+        if self.has(&packed) {
             let host = Tensor::f_zeros([1], (Kind::Float, Device::Cpu))?;
             let w = self.packed(module, out, inp, &host)?.dequantize()?;
             Ok(on(&w.f_to_kind(kind)?, like)?)
-        } else {
+        } else if self.has(&format!("{module}.weight")) {
             self.dense(&format!("{module}.weight"), &[out, inp], kind, like)
+        } else {
+            Err(invalid!("missing {} (nor a dense .weight)", self.where_(&packed)))
         }
     }
 }

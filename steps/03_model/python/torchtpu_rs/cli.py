@@ -1,0 +1,34 @@
+"""The flags every engine script shares (--model, --emb4, --device, --dtype, --ctx, --json) and what they
+resolve to, so steps 03-06 mean the same thing by each."""
+import argparse
+import json
+from pathlib import Path
+
+from . import checkpoints
+
+ARTICLE_CTX = 33024  # the article's context: 33,024 tokens
+
+
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", type=Path, help="a -text checkpoint folder (default: the tiny one, made on first use)")
+    ap.add_argument("--emb4", type=Path, help="its -text-emb4 twin (default: the tiny twin when --model is not given)")
+    ap.add_argument("--device", default="auto", choices=["auto", "tpu", "cuda", "cpu"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--ctx", type=int, help=f"context length (default: {ARTICLE_CTX} for E2B-sized configs, 2048 for tiny)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results, with a meta block, as JSON")
+
+
+def default_ctx(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    most = config.get("text_config", config)["max_position_embeddings"]
+    return ARTICLE_CTX if most >= ARTICLE_CTX else min(2048, most)
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in the defaults: the tiny checkpoint and its twin, and the context length for the model."""
+    if args.model is None:
+        folder = checkpoints.tiny()
+        args.model, args.emb4 = folder / "text", args.emb4 or folder / "emb4"
+    if args.ctx is None:
+        args.ctx = default_ctx(args.model)
+    return args

@@ -1,0 +1,160 @@
+"""The engine computes what Transformers computes, through its ring caches, for every checkpoint variant."""
+import json
+import threading
+
+import pytest
+import torch
+
+import torchtpu_rs
+
+CTX = 2048
+
+
+def variants(tiny, tiny_multimodal):
+    """(name, engine model dir, engine emb4 dir, reference folder for Transformers)."""
+    return [
+        ("causal", tiny / "text", None, tiny / "text"),
+        ("multimodal", tiny_multimodal / "text", None, tiny_multimodal / "text"),
+        # with the twin, every table comes from it: the reference is Transformers on the twin's folder
+        ("emb4", tiny / "text", tiny / "emb4", tiny / "emb4"),
+    ]
+
+
+@pytest.fixture(scope="module", params=["causal", "multimodal", "emb4"])
+def variant(request, tiny, tiny_multimodal):
+    return next(v for v in variants(tiny, tiny_multimodal) if v[0] == request.param)
+
+
+def window(folder) -> int:
+    config = json.loads((folder / "config.json").read_text())
+    return config.get("text_config", config)["sliding_window"]
+
+
+def test_layout_follows_the_config(tiny):
+    config = json.loads((tiny / "text" / "config.json").read_text())
+    types = config["layer_types"]
+    owners = types[: len(types) - config["num_kv_shared_layers"]]
+    want = (owners.count("full_attention"), owners.count("sliding_attention"), config["num_kv_shared_layers"],
+            2 * config["sliding_window"])
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
+    assert engine.layout() == torchtpu_rs.layout_for(tiny / "text" / "config.json", CTX) == want
+
+
+def test_layout_for_the_real_e2b_config(tmp_path):
+    """The real gemma-4-E2B text config (key layout of the published config.json): no weights needed."""
+    e2b = {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": {
+            "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8,
+            "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": None,
+            "hidden_size_per_layer_input": 256, "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+            "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "attention_k_eq_v": False,
+            "sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+            "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+            },
+        },
+    }
+    (tmp_path / "config.json").write_text(json.dumps(e2b))
+    assert torchtpu_rs.layout_for(tmp_path / "config.json", 33024) == (3, 12, 20, 1024)
+
+
+def teacher_forced(model, ids):
+    """Transformers' logits for every position of `ids`, without a cache (one full forward)."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def greedy_no_cache(model, prompt, n):
+    """Transformers' greedy tokens, each from a full forward over everything so far (no cache at all)."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def test_chunked_read_through_wrapping_rings_matches_transformers(variant, hf_model):
+    name, model, emb4, reference = variant
+    w = window(model)
+    ids = [2] + [(7 * i + 3) % 500 + 3 for i in range(9 * w)]  # 9 windows: every ring wraps several times
+    engine = torchtpu_rs.Engine(model, emb4, torch.zeros(1), CTX, "float32")
+    ours = engine.logits(ids)
+    want = teacher_forced(hf_model(reference), ids)
+    assert ours.shape == want.shape
+    assert (ours - want).abs().max().item() < 1e-3, name
+
+
+def test_generate_float32_tokens_equal_transformers_without_cache(variant, hf_model):
+    name, model, emb4, reference = variant
+    prompt = [2, 17, 250, 33, 480, 5, 99, 301]
+    engine = torchtpu_rs.Engine(model, emb4, torch.zeros(1), CTX, "float32")
+    tokens, read_s, decode_s = engine.generate(prompt, 64)
+    assert len(tokens) == 64 and read_s > 0 and decode_s > 0
+    assert tokens == greedy_no_cache(hf_model(reference), prompt, 64), name
+    assert len(set(tokens)) >= 32, "the tiny model should not collapse into repetition"
+
+
+def test_generate_is_deterministic_and_read_every_changes_nothing(tiny):
+    engine = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", torch.zeros(1), CTX)
+    prompt = [2, 40, 41, 42]
+    first = engine.generate(prompt, 20)[0]
+    assert engine.generate(prompt, 20, read_every=8)[0] == first
+    assert engine.generate(prompt, 20, read_every=100)[0] == first
+    assert engine.generate(prompt, 0)[0] == []
+
+
+def test_logits_at_chosen_positions(tiny):
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
+    ids = list(range(2, 60))
+    every = engine.logits(ids)
+    some = engine.logits(ids, positions=[57, 0, 20])
+    assert some.dtype == torch.float32 and torch.equal(some, every[[57, 0, 20]])
+
+
+def test_hidden_states_follow_transformers_convention(tiny, hf_model):
+    ids = list(range(2, 42))
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
+    ours = engine.hidden_states(ids)
+    with torch.no_grad():
+        theirs = hf_model(tiny / "text")(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    assert len(ours) == len(theirs) == json.loads((tiny / "text" / "config.json").read_text())["num_hidden_layers"] + 1
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert (a.float() - b[0].float()).abs().max().item() < 1e-3, f"hidden state {i}"
+
+
+def test_a_call_from_another_thread_is_refused(tiny):
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX)
+    caught = []
+
+    def other():
+        try:
+            engine.generate([2, 3], 2)
+        except RuntimeError as e:
+            caught.append(str(e))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert caught and "thread" in caught[0]
+    assert len(engine.generate([2, 3], 2)[0]) == 2  # the owner can still use it
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_twenty_generate_calls_do_not_grow_memory(tiny):
+    engine = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", torch.zeros(1), CTX)
+    for _ in range(5):  # warm up allocator caches
+        engine.generate([2, 5, 6, 7], 16)
+    before = rss_bytes()
+    for _ in range(20):
+        engine.generate([2, 5, 6, 7], 16)
+    assert rss_bytes() - before < 8 * 2**20

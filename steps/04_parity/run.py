@@ -1,0 +1,65 @@
+"""Step 04: the Rust engine beside Hugging Face Transformers on the CPU — same checkpoint, same prompt.
+
+usage: python run.py [--model DIR] [--emb4 DIR] [--reference-model DIR] [--dtype bfloat16|float32]
+                     [--prompt-len N] [--max-new 64] [--layers] [--json PATH]
+The reference defaults to the folder the engine's tables come from: the emb4 twin when given, else --model.
+"""
+import argparse
+import time
+from pathlib import Path
+
+import torch  # first: the engine reuses the libtorch it loads
+from transformers import AutoTokenizer
+
+import torchtpu_rs
+from torchtpu_parity import compare
+from torchtpu_parity.compare import reference_model
+from torchtpu_rs import cli, records
+
+PROMPT = "Record 17 : code 610395 . Record 18 : code 220431 . What is the code of record 17 ?"
+
+
+def prompt_ids(tokenizer, length: int | None) -> list[int]:
+    """<bos> and the prompt's tokens; with a length, the prompt repeated and cut to exactly that many ids."""
+    body = tokenizer.encode(PROMPT, add_special_tokens=False)
+    if length is None:
+        return [tokenizer.bos_token_id, *body]
+    return [tokenizer.bos_token_id, *(body * (length // len(body) + 1))][:length]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_engine_args(ap)
+    ap.add_argument("--reference-model", type=Path, help="the folder Transformers reads (default: see above)")
+    ap.add_argument("--prompt-len", type=int, help="prompt length in tokens (default: the built-in prompt)")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
+    args = cli.resolve(ap.parse_args())
+    if args.device not in ("auto", "cpu"):
+        ap.error("parity runs on the CPU, where Transformers is the reference: use --device cpu")
+    reference_dir = args.reference_model or args.emb4 or args.model
+
+    start = time.perf_counter()
+    engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype)
+    print(f"load {time.perf_counter() - start:.1f} {engine.layout()}")
+    reference = reference_model(reference_dir, args.dtype)
+    ids = prompt_ids(AutoTokenizer.from_pretrained(args.model), args.prompt_len)
+
+    r = compare(engine, reference, ids, args.max_new, args.dtype, layers=args.layers)
+    print(f"top5 rust {r['top5_rust']['ids']} {r['top5_rust']['logits']}")
+    print(f"top5 hf   {r['top5_hf']['ids']} {r['top5_hf']['logits']}")
+    print(f"max abs diff {r['max_abs_diff']:.4g} KL(hf||rs) {r['kl_hf_rs']:.3g}")
+    print(f"same {r['same']} of {r['of']}")
+    print(f"first diff {r['first_diff']}")
+    if args.layers:
+        for row in r["layers"]:
+            print(f"  hidden {row['index']:>2} {row['name']:<16} max abs diff {row['max_abs_diff']:.3g}"
+                  f"{'' if row['ok'] else '   <-- past tolerance ' + format(row['tolerance'], '.3g')}")
+        first_off = next((row for row in r["layers"] if not row["ok"]), None)
+        print(f"first layer past tolerance: {first_off['name'] if first_off else 'none'}")
+    records.write_json(args.json, "cpu", model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
+                       reference_model=str(reference_dir), dtype=args.dtype, prompt_ids=ids, **r)
+
+
+if __name__ == "__main__":
+    main()
