@@ -43,7 +43,7 @@ setup: .venv/.steps
 	touch $@
 
 run: setup
-	for s in $(STEPS); do python tools/record.py "$$s" --device $(DEVICE); done
+	python tools/record.py --device $(DEVICE)
 	mkdocs build --strict --site-dir site
 
 test: setup

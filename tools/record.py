@@ -1,9 +1,10 @@
-"""Run one step's script and record what it printed, for the guide: docs/runs/<device>/<step>.{txt,json}.
+"""Run step scripts and record what they printed, for the guide: docs/runs/<device>/<name>.{txt,json}.
 
-The .txt is the command and its output under a line naming the device, versions and date (taken from the
-`meta` block the script writes with --json), so every output block in the guide says where it came from.
+Which runs to record is listed in tools/records.txt. Each .txt holds the command and its output under a
+line naming the device, versions and date (from the `meta` block the script writes with --json), so every
+output block in the guide says where it came from.
 
-usage: python tools/record.py steps/01_bridge [--device auto|tpu|cuda|cpu] [-- extra run.py arguments]
+usage: python tools/record.py [NAME ...] [--device auto|tpu|cuda|cpu]     (no NAME: every line of records.txt)
 """
 import argparse
 import json
@@ -15,6 +16,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def manifest() -> dict[str, list[str]]:
+    """name -> [step, run.py arguments...] from records.txt."""
+    lines = (ROOT / "tools" / "records.txt").read_text().splitlines()
+    rows = [shlex.split(line) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return {name: rest for name, *rest in rows}
 
 
 def resolve(device: str) -> str:
@@ -33,32 +41,39 @@ def header(meta: dict) -> str:
             f"# {versions}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("step", type=Path)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--out", type=Path, help="folder for the records (default docs/runs/<device>)")
-    ap.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to run.py after --")
-    a = ap.parse_args()
-    device = resolve(a.device)
-    out = (a.out or ROOT / "docs" / "runs" / device).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    name = a.step.resolve().name
-    json_path = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
-    extra = [x for x in a.extra if x != "--"]
-    cmd = ["python", f"steps/{name}/run.py", "--device", device, *extra]
+def record(name: str, step: str, args: list[str], device: str, out: Path) -> None:
+    partial = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
+    cmd = ["python", f"steps/{step}/run.py", "--device", device, *args]
     print(f"$ {shlex.join(cmd)}", flush=True)
-    proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(json_path.relative_to(ROOT))], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(partial.relative_to(ROOT))], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:  # show it live and keep it
         print(line, end="", flush=True)
         lines.append(line)
     if proc.wait() != 0:
-        sys.exit(f"{cmd[1]} failed with exit code {proc.returncode}; nothing recorded for it")
-    meta = json.loads(json_path.read_text())["meta"]
-    json_path.replace(out / f"{name}.json")
+        partial.unlink(missing_ok=True)
+        sys.exit(f"{name}: {cmd[1]} failed with exit code {proc.returncode}; nothing recorded for it")
+    meta = json.loads(partial.read_text())["meta"]
+    partial.replace(out / f"{name}.json")
     (out / f"{name}.txt").write_text(f"{header(meta)}\n$ {shlex.join(cmd)}\n{''.join(lines)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="runs to record (default: all of tools/records.txt)")
+    ap.add_argument("--device", default="auto")
+    a = ap.parse_args()
+    runs = manifest()
+    unknown = set(a.names) - set(runs)
+    if unknown:
+        sys.exit(f"not in tools/records.txt: {', '.join(sorted(unknown))}")
+    device = resolve(a.device)
+    out = ROOT / "docs" / "runs" / device
+    out.mkdir(parents=True, exist_ok=True)
+    for name in a.names or runs:
+        step, *args = runs[name]
+        record(name, step, args, device, out)
 
 
 if __name__ == "__main__":

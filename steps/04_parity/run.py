@@ -5,10 +5,13 @@ usage: python run.py [--model DIR] [--emb4 DIR] [--reference-model DIR] [--dtype
 The reference defaults to the folder the engine's tables come from: the emb4 twin when given, else --model.
 """
 import argparse
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import torch  # first: the engine reuses the libtorch it loads
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 import torchtpu_rs
@@ -27,6 +30,17 @@ def prompt_ids(tokenizer, length: int | None) -> list[int]:
     return [tokenizer.bos_token_id, *(body * (length // len(body) + 1))][:length]
 
 
+def plant_fault(model: Path, layer: int, into: Path) -> Path:
+    """A copy of `model` with one layer's down_proj scales tripled: a bug the layer comparison must find."""
+    faulty = into / model.name
+    shutil.copytree(model, faulty)
+    tensors = load_file(faulty / "model.safetensors")
+    name = next(k for k in tensors if k.endswith(f"layers.{layer}.mlp.down_proj.weight_scale"))
+    tensors[name] = tensors[name] * 3
+    save_file(tensors, faulty / "model.safetensors", metadata={"format": "pt"})
+    return faulty
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_engine_args(ap)
@@ -34,10 +48,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, help="prompt length in tokens (default: the built-in prompt)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
+    ap.add_argument("--plant-fault", type=int, metavar="LAYER",
+                    help="demo: give the engine a copy whose LAYER has its MLP scales tripled (the reference stays clean)")
     args = cli.resolve(ap.parse_args())
     if args.device not in ("auto", "cpu"):
         ap.error("parity runs on the CPU, where Transformers is the reference: use --device cpu")
     reference_dir = args.reference_model or args.emb4 or args.model
+    if args.plant_fault is not None:
+        args.model = plant_fault(args.model, args.plant_fault, Path(tempfile.mkdtemp(prefix="faulty-")))
+        print(f"planted a fault in layer {args.plant_fault} of the engine's copy; Transformers reads the clean one")
 
     start = time.perf_counter()
     engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype)

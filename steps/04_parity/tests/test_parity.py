@@ -70,6 +70,12 @@ def test_a_planted_fault_is_found_by_layer(tmp_path):
     assert r["kl_hf_rs"] > 1e-6  # the float32 bound fails
 
 
+def test_the_plant_fault_demo_names_the_layer():
+    proc = subprocess.run([sys.executable, str(RUN), "--dtype", "float32", "--max-new", "4", "--layers",
+                           "--plant-fault", "6"], capture_output=True, text=True, check=True)
+    assert "first layer past tolerance: after layer 6" in proc.stdout
+
+
 def test_run_py_prints_the_article_figures_and_a_complete_json(tmp_path):
     out = tmp_path / "parity.json"
     proc = subprocess.run([sys.executable, str(RUN), "--dtype", "float32", "--max-new", "16", "--json", str(out)],

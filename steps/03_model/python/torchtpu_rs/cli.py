@@ -12,6 +12,9 @@ ARTICLE_CTX = 33024  # the article's context: 33,024 tokens
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", type=Path, help="a -text checkpoint folder (default: the tiny one, made on first use)")
     ap.add_argument("--emb4", type=Path, help="its -text-emb4 twin (default: the tiny twin when --model is not given)")
+    ap.add_argument("--no-emb4", action="store_true", help="run on the -text checkpoint alone")
+    ap.add_argument("--layout", default="causal", choices=checkpoints.LAYOUTS,
+                    help="layout of the default tiny checkpoint: Gemma4ForCausalLM or the multimodal one")
     ap.add_argument("--device", default="auto", choices=["auto", "tpu", "cuda", "cpu"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--ctx", type=int, help=f"context length (default: {ARTICLE_CTX} for E2B-sized configs, 2048 for tiny)")
@@ -27,8 +30,10 @@ def default_ctx(model_dir: Path) -> int:
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Fill in the defaults: the tiny checkpoint and its twin, and the context length for the model."""
     if args.model is None:
-        folder = checkpoints.tiny()
+        folder = checkpoints.tiny(args.layout)
         args.model, args.emb4 = folder / "text", args.emb4 or folder / "emb4"
+    if args.no_emb4:
+        args.emb4 = None
     if args.ctx is None:
         args.ctx = default_ctx(args.model)
     return args

@@ -6,6 +6,7 @@
 - same n of N: how long the two greedy continuations agree;
 - per layer: each hidden state's largest difference, and the first one past tolerance.
 """
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,9 +25,11 @@ def reference_model(folder: Path, dtype: str):
     first in float32, one bf16 rounding away from the checkpoint's weights)."""
     quant = {"quantization_config": CompressedTensorsConfig(dequantize=True)}
     config = (Path(folder) / "config.json").read_text()
-    return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation="eager",
-        **(quant if "quantization_config" in config else {})).eval()
+    with warnings.catch_warnings():  # "the quantization_config from the model will be used": we override on purpose
+        warnings.filterwarnings("ignore", "You passed `quantization_config`")
+        return AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), attn_implementation="eager",
+            **(quant if "quantization_config" in config else {})).eval()
 
 
 # --8<-- [start:figures]
