@@ -18,6 +18,7 @@ export VIRTUAL_ENV := $(CURDIR)/.venv
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 export LIBTORCH_USE_PYTORCH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export NO_MKDOCS_2_WARNING := 1
 
 STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
 RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
