@@ -7,13 +7,15 @@ side by side, as `text/` and `emb4/`:
 * `size="tiny"`: a small model with every structural feature of E2B (4:1 sliding/full layers, two head sizes,
   proportional RoPE, KV-shared layers of both types, double-wide MLPs, per-layer embeddings, softcap 30). It is
   built by Transformers and packed by compressed-tensors, the libraries the real files come from; seconds to make.
-* `size="e2b"`: the real E2B shapes (6.1 GiB + 2.6 GiB), for benchmarks. No float model fits in memory comfortably
-  and none is needed: `write_random` generates each tensor in row blocks, packs it with `pack_w4` (this project's
+* `size="e2b"`: the real E2B shapes (6.1 GiB + 2.6 GiB on disk), for benchmarks. No float model is built (it would
+  take 8.6 GiB in bf16): `write_random` generates each tensor in row blocks, packs it with `pack_w4` (this project's
   packer, checked bit for bit against compressed-tensors on the tiny model) and streams it into safetensors shards.
 
 Both paths draw every tensor from `random_block`, so the same seed gives the same model either way (a test holds
 `write_random` on the tiny config to the Transformers + compressed-tensors files, tensor for tensor).
-`tiny()` and `e2b()` return cached folders, made on first use.
+Each twin also gets a small word-level tokenizer with Gemma's special ids (`write_tokenizer`).
+`tiny()` and `e2b()` return cached folders, made on first use. Transformers and compressed-tensors are imported
+inside the functions that need them: a cache hit costs no import of either (seconds).
 """
 import hashlib
 import json
@@ -28,14 +30,12 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 # Bump whenever the bytes `make` writes for a given (size, layout, seed) change: it is part of the cache key.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 LAYOUTS = ("causal", "multimodal")
-SIZES = ("tiny", "e2b")
 GROUP = 32  # int4 group size of the real repacks
 ROWS = 4096  # rows per random block: one block of the E2B PLE table is 4096 x 8960 floats (147 MB)
 SHARD_BYTES = 2 * 2**30
-FINAL, EMB, LS0, LSW = 4.0, 1.0, 0.5, 1.0
 
 _ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -59,8 +59,6 @@ TINY = dict(
     num_hidden_layers=10, num_attention_heads=4, head_dim=32, global_head_dim=64, hidden_size_per_layer_input=32,
     num_kv_shared_layers=5, sliding_window=16, layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2,
 )
-
-
 SPECS = {"tiny": TINY, "e2b": E2B}
 
 
@@ -110,34 +108,42 @@ def random_block(name, shape, seed, block=0):
 
     Each block has its own generator, seeded from (seed, name, block): a tensor is the same whether it is made
     whole (the tiny path) or streamed block by block (the E2B writer), and independent of every other tensor.
-    HF's init (std 0.02, unit norms) would make a near-constant model; these values make every path matter and
-    keep bf16 greedy decoding calm: attention scaling is 1.0 in Gemma 4, so the q/k norm gains set the softmax
-    temperature, and the final norm gain sets the logit range against the softcap of 30."""
+    HF's init (std 0.02, unit norms) makes a near-constant model. These values make every path matter and keep
+    greedy decoding varied (50 or so distinct tokens in 64 on the tiny model, on every seed tried) and calm."""
     rows = shape[0] if len(shape) == 2 else 1
     shape = (min(ROWS, rows - block * ROWS), *shape[1:]) if len(shape) == 2 else tuple(shape)
     key = hashlib.sha256(f"{seed}/{name}/{block}".encode()).digest()
     g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
-    if name.endswith(("q_norm.weight", "k_norm.weight")):
-        x = 0.5 * (1.0 + 0.1 * torch.randn(shape, generator=g))
-    elif name == "norm.weight":  # the final norm: logits of about +-12, so the softcap bends them
-        x = FINAL * (1.0 + 0.1 * torch.randn(shape, generator=g))
-    elif name.endswith("norm.weight"):
-        x = 1.0 + 0.2 * torch.randn(shape, generator=g)
+    if name.endswith("layer_scalar"):  # scales the whole residual stream each layer: near 1, or it compounds
+        return (0.8 + 0.4 * torch.rand(shape, generator=g)).to(torch.bfloat16)
+    n = torch.randn(shape, generator=g)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):  # attention scaling is 1.0: these set its temperature
+        x = 0.5 * (1.0 + 0.1 * n)
     elif name == "embed_tokens.weight":
-        x = EMB * torch.randn(shape, generator=g) / math.sqrt(shape[1])
-    elif name.endswith("layer_scalar"):
-        x = LS0 + LSW * torch.rand(shape, generator=g)
-    elif len(shape) == 2:  # linears and embedding tables: unit-variance outputs for unit-variance inputs
-        x = torch.randn(shape, generator=g) / math.sqrt(shape[1])
-    else:
-        x = 0.1 * torch.randn(shape, generator=g)
+        # The head is tied, so the current token's own embedding, still in the residual stream, votes for that
+        # token: at full size it wins and the model repeats one token forever. A quarter of it leaves the echo
+        # below the spread of the logits (layer inputs are normed: this scale reaches only the residual and head).
+        x = 0.25 * n / math.sqrt(shape[1])
+    elif name == "norm.weight":  # the final norm: logits of std 4, about +-12 at the top, so the softcap bends them
+        x = 16.0 * (1.0 + 0.1 * n)
+    elif name.endswith("norm.weight"):
+        x = 1.0 + 0.2 * n
+    else:  # linears and the per-layer table: unit-variance outputs for unit-variance inputs
+        x = n / math.sqrt(shape[1])
     return x.to(torch.bfloat16)
 
 
+def _row_blocks(shape):
+    """The row slices of a tensor's random blocks: ROWS rows each, one block for a 1-D tensor."""
+    return [slice(None)] if len(shape) == 1 else [slice(r, r + ROWS) for r in range(0, shape[0], ROWS)]
+
+
 def random_tensor(name, shape, seed):
-    """The whole bf16 tensor: its blocks, concatenated."""
-    blocks = math.ceil(shape[0] / ROWS) if len(shape) == 2 else 1
-    return torch.cat([random_block(name, shape, seed, b) for b in range(blocks)])
+    """The whole bf16 tensor, filled block by block in place (no second copy: the E2B PLE table is 4.4 GiB)."""
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    for b, rows in enumerate(_row_blocks(shape)):
+        out[rows] = random_block(name, shape, seed, b)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ def pack_w4(weight, group=GROUP, scale_dtype=torch.bfloat16):
     absmax = groups.abs().amax(-1).float()
     scale = (absmax / 7.5).clamp(max=torch.finfo(scale_dtype).max).to(scale_dtype)
     scale = torch.where(scale == 0, torch.finfo(scale_dtype).eps, scale)
-    q = torch.round(torch.clamp(groups / scale.unsqueeze(-1), -8, 7)).to(torch.uint8).flatten(-2) + 8
+    q = (torch.round(torch.clamp(groups / scale.unsqueeze(-1), -8, 7)) + 8).to(torch.uint8).flatten(-2)
     # two nibbles per byte, even element low; four little-endian bytes make an int32 word
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).view(torch.int32)
     return {"weight_packed": packed, "weight_scale": scale, "weight_shape": torch.tensor([rows, cols])}
@@ -274,18 +280,17 @@ def _nbytes(shape, scale_dtype):
 
 
 def _make_tensors(name, shape, scale_dtype, seed):
-    """The tensors one plan entry becomes, generated and packed block by block into preallocated outputs."""
+    """The tensors one plan entry becomes, generated (and packed) block by block into preallocated outputs."""
     key = _text_name(name)
-    blocks = math.ceil(shape[0] / ROWS) if len(shape) == 2 else 1
     if scale_dtype is None:
-        return {name: torch.cat([random_block(key, shape, seed, b) for b in range(blocks)])}
+        return {name: random_tensor(key, shape, seed)}
     rows, cols = shape
     prefix = name.removesuffix(".weight")
     packed = torch.empty(rows, cols // 8, dtype=torch.int32)
     scale = torch.empty(rows, cols // GROUP, dtype=scale_dtype)
-    for b in range(blocks):
+    for b, block in enumerate(_row_blocks(shape)):
         p = pack_w4(random_block(key, shape, seed, b), GROUP, scale_dtype)
-        packed[b * ROWS:(b + 1) * ROWS], scale[b * ROWS:(b + 1) * ROWS] = p["weight_packed"], p["weight_scale"]
+        packed[block], scale[block] = p["weight_packed"], p["weight_scale"]
     return {f"{prefix}.weight_packed": packed, f"{prefix}.weight_scale": scale,
             f"{prefix}.weight_shape": torch.tensor([rows, cols])}
 
@@ -312,7 +317,6 @@ def _write_shards(folder, plan, seed, shard_bytes, progress):
             progress.update(_nbytes(shape, scale_dtype))
         save_file(tensors, str(Path(folder) / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, file))
-        del tensors
     if len(shards) > 1:
         total = sum(_nbytes(shape, dt) for _, shape, dt in plan)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -324,6 +328,7 @@ def write_random(out_dir, spec, seed=0, layout="causal", shard_bytes=SHARD_BYTES
     to disk with `pack_w4`, without a float model in memory. `make(size="e2b")` runs this on the E2B config;
     on the tiny config it reproduces what compressed-tensors writes, tensor for tensor."""
     from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationStatus
     from transformers import GenerationConfig
 
     jobs = []
@@ -334,11 +339,10 @@ def write_random(out_dir, spec, seed=0, layout="causal", shard_bytes=SHARD_BYTES
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"random {layout} checkpoint") as progress:
         for folder, config, emb4, plan in jobs:
             folder.mkdir(parents=True)
-            config.dtype = torch.bfloat16
             config.save_pretrained(folder)
             GenerationConfig.from_model_config(config).save_pretrained(folder)
             qconfig = quantization_config(emb4)
-            qconfig.quantization_status = "compressed"
+            qconfig.quantization_status = QuantizationStatus.COMPRESSED
             _finish_config(folder, spec, ModelCompressor(quantization_config=qconfig))
             _write_shards(folder, plan, seed, shard_bytes, progress)
 
@@ -363,30 +367,33 @@ match matches found missing contains contain includes include stored store memor
 can could will would should may might must shall if then else than so because but also just very too again still
 about into over under up down out off through during without within against across along around near far i you he
 she we they me him her us them my your his our their mine yours time day days year years week month hour minute
-people person man woman child world life hand part place case point group company system program work home water
-room mother area money story fact month lot right study book eye job business issue side kind head house service
-friend father power end member law car city community name president team minute idea kid body information back
-parent face others level office door health art war history party result change morning reason research girl guy
-moment air teacher force education make made get got go went come came take took see saw know knew think thought
-say said use used want need feel try leave call keep let begin seem help turn start begin run move live believe
-hold bring happen provide sit stand lose pay meet set learn lead understand watch follow stop create speak allow
-add spend grow open walk win offer remember love consider appear buy wait serve die send expect build stay fall cut
-reach kill remain suggest raise pass sell require report decide pull check count sum total answer
+people person man woman child world life hand place case point group company system program work home water room
+mother area money story fact lot study book eye job business issue side kind head house service friend father power
+end member law car city community president team idea kid body information back parent face others level office door
+health art war history party result change morning reason research girl guy moment air teacher force education make
+made get got go went come came take took see saw know knew think thought say said use used want need feel try leave
+call keep let begin seem help turn start run move live believe hold bring happen provide sit stand lose pay meet set
+learn lead understand watch follow stop create speak allow add spend grow open walk win offer remember love consider
+appear buy wait serve die send expect build stay fall cut reach kill remain suggest raise pass sell require report
+decide pull check count sum total well way even much great little own high early young important public able free
+sure clear full special easy strong certain whole real best better late hard major nothing something everything
+anything always never often sometimes usually already soon today
 """.split()
 
 
-def write_tokenizer(folder, vocab_size=512):
-    """A small real tokenizer that AutoTokenizer loads: word-level over `vocab_size` entries, with Gemma's special
-    ids (<pad>=0, <eos>=1, <bos>=2) and, like Gemma's, no <bos> added: callers prepend 2 themselves.
+def write_tokenizer(folder):
+    """A small real tokenizer that AutoTokenizer loads: word-level, one entry per id of the tiny vocabulary (512),
+    with Gemma's special ids (<pad>=0, <eos>=1, <bos>=2) and, like Gemma's, no <bos> added: callers prepend 2.
     Spaces become "▁" marks as in sentencepiece, so text decodes back to itself; numbers split into single digits,
-    so the codes of a record-retrieval prompt ("Record 17: code 610395.") are digit tokens; unknown words are <unk>."""
+    so the codes of a record-retrieval prompt ("Record 17: code 610395.") are digit tokens; unknown words are <unk>.
+    The E2B checkpoint gets the same one: its ids from 512 up decode to nothing."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tokens = SPECIAL + [str(d) for d in range(10)] + PUNCTUATION + ["▁", "\n"]
-    tokens += [t for w in STARTERS for t in (w, "▁" + w)]
-    tokens += dict.fromkeys("▁" + w for w in WORDS if "▁" + w not in tokens)  # ordered, without repeats
-    vocab = {t: i for i, t in enumerate(tokens[:vocab_size])}
+    tokens += [t for w in STARTERS for t in (w, "▁" + w)] + ["▁" + w for w in WORDS]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert len(vocab) == len(tokens) == TINY["vocab_size"], "one token per id, no repeats"
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split("\n", "isolated"),
@@ -407,8 +414,8 @@ def make(out_dir, size="tiny", layout="causal", seed=0):
     """Write `out_dir/text/` (the -text format) and `out_dir/emb4/` (the -text-emb4 twin) of a random Gemma 4 of
     `size` ("tiny" or "e2b") and `layout` ("causal" or "multimodal"), each with a tokenizer. Same arguments, same
     bytes. Refuses to write into an existing non-empty folder (FileExistsError): it never overwrites anything."""
-    if size not in SIZES or layout not in LAYOUTS:
-        raise ValueError(f"size must be one of {SIZES} and layout one of {LAYOUTS}, got {size!r}, {layout!r}")
+    if size not in SPECS or layout not in LAYOUTS:
+        raise ValueError(f"size must be one of {tuple(SPECS)} and layout one of {LAYOUTS}, got {size!r}, {layout!r}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; make() writes only into a new or empty folder")
@@ -433,11 +440,17 @@ def cache_root():
     return top / ".cache" / "checkpoints" if top else Path.home() / ".cache" / "torchtpu_rs" / "checkpoints"
 
 
+def cache_path(size="tiny", layout="causal", seed=0):
+    """Where `cached(size, layout, seed)` keeps its checkpoint: `<cache_root>/<size>-<layout>-seed<seed>-<key>`,
+    the key a hash of the arguments and GENERATOR_VERSION."""
+    key = hashlib.sha256(json.dumps([size, layout, seed, GENERATOR_VERSION]).encode()).hexdigest()[:12]
+    return cache_root() / f"{size}-{layout}-seed{seed}-{key}"
+
+
 def cached(size="tiny", layout="causal", seed=0):
     """The cached `make(size, layout, seed)` folder, made on first use. It is made in a temporary sibling and renamed
     into place, so a reader never sees half a checkpoint; if another process renamed its copy first, that one wins."""
-    key = hashlib.sha256(json.dumps([size, layout, seed, GENERATOR_VERSION]).encode()).hexdigest()[:12]
-    final = cache_root() / f"{size}-{layout}-seed{seed}-{key}"
+    final = cache_path(size, layout, seed)
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
