@@ -51,6 +51,8 @@ test: setup
 	for s in $(RUST_STEPS); do cargo test --release --quiet --manifest-path "$$s/Cargo.toml"; done
 	python -m pytest
 	mkdocs build --strict --site-dir site
+	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
+	python -m pytest tests/site
 
 clean:
 	rm -rf .venv site .cache test-artifacts

@@ -43,7 +43,8 @@ def header(meta: dict) -> str:
 
 def record(name: str, step: str, args: list[str], device: str, out: Path) -> None:
     partial = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
-    cmd = ["python", f"steps/{step}/run.py", "--device", device, *args]
+    own_device = "--device" in args  # e.g. parity, which runs on the CPU wherever it is recorded
+    cmd = ["python", f"steps/{step}/run.py", *([] if own_device else ["--device", device]), *args]
     print(f"$ {shlex.join(cmd)}", flush=True)
     proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(partial.relative_to(ROOT))], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
