@@ -23,7 +23,8 @@ def encode(tokenizer, prompt: str) -> list[int]:
     """Prompt ids as the model expects them: the chat template when the tokenizer has one (the -it model was
     trained on it), and <bos> first — Gemma's tokenizer does not add it, and without it the model echoes."""
     if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_dict=False)  # transformers 5 returns a BatchEncoding by default
     else:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
     return ids if ids[:1] == [tokenizer.bos_token_id] else [tokenizer.bos_token_id, *ids]

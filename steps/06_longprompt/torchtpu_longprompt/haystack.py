@@ -35,7 +35,7 @@ def _encode(tokenizer, records: str, question: str) -> list[int]:
     """Ids as the model expects them: the chat template when the tokenizer has one, <bos> first."""
     if tokenizer.chat_template:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": f"{records}\n\n{question}"}],
-                                            add_generation_prompt=True)
+                                            add_generation_prompt=True, return_dict=False)
     else:
         ids = tokenizer.encode(f"{records} {question}", add_special_tokens=False)
     return ids if ids[:1] == [tokenizer.bos_token_id] else [tokenizer.bos_token_id, *ids]

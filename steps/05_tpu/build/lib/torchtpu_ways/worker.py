@@ -1,0 +1,82 @@
+"""One way, run in this (fresh) process: `python -m torchtpu_ways.worker --way W ... --ids IDS.json --out OUT.json`.
+
+`ways.run_way` starts it; it loads the model (timed), generates three times and writes what it measured as JSON:
+a cold run with tokens read every step (`first_s`: the time to the first token, compiling included), then warm
+runs with tokens read every step (`streamed_tok_s`, `read_s`) and every 8 steps (`batched_tok_s`). The Python
+ways import nothing from the Rust engine, so they can run under another interpreter and torch.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from .memory import PeakMemory
+
+BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
+
+
+def load(way: str, model: str, emb4: str | None, device: torch.device, ctx: int, dtype: str):
+    """The model a way runs: the Rust Engine (fused or eager is the process's TorchTPU mode) or the baseline."""
+    if way.startswith("rust"):
+        import torchtpu_rs
+
+        return torchtpu_rs.Engine(model, emb4, torch.empty(0, device=device), ctx, dtype)
+    from .baseline import Baseline
+
+    return Baseline(model, emb4, device, ctx, dtype, compile=way == "python-compile")
+
+
+def tok_s(tokens: int, seconds: float) -> float | None:
+    return tokens / seconds if seconds > 0 else None
+
+
+def measure(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    ids = json.loads(open(args.ids).read())
+    peak = PeakMemory(device)
+    peak.start()
+    start = time.perf_counter()
+    model = load(args.way, args.model, args.emb4, device, args.ctx, args.dtype)
+    load_s = time.perf_counter() - start
+    # --8<-- [start:runs]
+    tokens, first_s, _ = model.generate(ids, args.max_new, 1)  # cold: compiling happens here
+    _, read_s, decode_s = model.generate(ids, args.max_new, 1)  # warm: streamed, one token at a time
+    batched_s = model.generate(ids, args.max_new, BATCH)[2] if args.batched else None
+    # --8<-- [end:runs]
+    graphs = breaks = None
+    if args.way == "python-compile":
+        from .baseline import dynamo_counts
+
+        graphs, breaks = dynamo_counts()
+    steps = args.max_new - 1  # decode steps after the token the prompt read yields
+    return {
+        "way": args.way, "torch": torch.__version__, "available": True, "why": None, "pid": os.getpid(),
+        "load_s": load_s, "first_s": first_s, "graphs": graphs, "breaks": breaks,
+        "streamed_tok_s": tok_s(steps, decode_s), "batched_tok_s": tok_s(steps, batched_s) if args.batched else None,
+        "peak_gb": peak.gb(), "tokens": tokens,
+        "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--way", required=True, choices=["rust-fused", "rust-eager", "python-compile", "python-eager"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--emb4")
+    ap.add_argument("--device", required=True, help="a device name: cpu, cuda:0, tpu:0")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--ctx", type=int, required=True)
+    ap.add_argument("--ids", required=True, help="a JSON file holding the prompt ids")
+    ap.add_argument("--max-new", type=int, required=True)
+    ap.add_argument("--no-batched", dest="batched", action="store_false", help="skip the read-every-8 run")
+    ap.add_argument("--out", required=True, help="where to write the results (JSON)")
+    args = ap.parse_args()
+    result = measure(args)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Step 05: three ways on one chip — Rust fused, Rust eager, Python compile (and Python eager) — side by side.
+
+usage: python run.py [--model DIR] [--emb4 DIR] [--device auto|tpu|cuda|cpu] [--dtype bfloat16|float32] [--ctx N]
+                     [--ways rust-fused,rust-eager,python-compile,python-eager] [--max-new 64] [--repeat 1]
+                     [--compile-python PATH] [--prompt TEXT] [--json PATH]
+Each way runs in a fresh process; a way this device does not have (fused, off a TPU) is reported n/a, with why.
+"""
+import argparse
+import sys
+
+from torchtpu_rs import cli, records
+
+from torchtpu_ways import prompt, tpu
+from torchtpu_ways.ways import WAYS, identical_prefix, label, median_row, run_way
+
+COLUMNS = [("load s", "load_s", "{:.2f}"), ("first s", "first_s", "{:.2f}"), ("graphs", "graphs", "{}"),
+           ("breaks", "breaks", "{}"), ("streamed", "streamed_tok_s", "{:.1f}"),
+           ("in batches", "batched_tok_s", "{:.1f}"), ("peak GB", "peak_gb", "{:.2f}")]
+
+
+def table(rows: list[dict]) -> str:
+    """The human table: one row per way; tok/s for streamed and in batches; `-` where a way has no such figure."""
+    width = max(len("way"), *(len(label(r)) for r in rows)) + 2
+    lines = ["way".ljust(width) + "  ".join(name for name, _, _ in COLUMNS)]
+    for row in rows:
+        if not row["available"]:
+            lines.append(label(row).ljust(width) + f"n/a: {row['why']}")
+            continue
+        cells = [("-" if row[key] is None else fmt.format(row[key])).rjust(len(name)) for name, key, fmt in COLUMNS]
+        lines.append(label(row).ljust(width) + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def identity_lines(rows: list[dict]) -> list[str]:
+    """`<way>: first n of N tokens identical to <reference>`: the reference is Python compile where it ran,
+    else Python eager."""
+    ran = {r["way"]: r for r in rows if r["available"]}
+    reference = ran.get("python-compile") or ran.get("python-eager")
+    if reference is None:
+        return []
+    return [f"{label(r)}: first {identical_prefix(r['tokens'], reference['tokens'])} of {len(reference['tokens'])} "
+            f"tokens identical to {label(reference)}" for r in ran.values() if r is not reference]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_engine_args(ap)
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated, from: " + ", ".join(WAYS))
+    ap.add_argument("--max-new", type=int, default=64, help="greedy tokens per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per way (fresh processes); each figure the median")
+    ap.add_argument("--compile-python", metavar="PATH", default=sys.executable,
+                    help="the interpreter for the Python ways (another torch, e.g. 2.14.1; needs this package)")
+    ap.add_argument("--prompt", default=prompt.PROMPT)
+    args = cli.resolve(ap.parse_args())
+    ways = args.ways.split(",")
+    if bad := [w for w in ways if w not in WAYS]:
+        ap.error(f"--ways: unknown {', '.join(bad)}; choose from {', '.join(WAYS)}")
+    if args.max_new < 1 or args.repeat < 1:
+        ap.error("--max-new and --repeat must be at least 1")
+    device = tpu.choose_device(args.device)
+    ids = prompt.encode(args.model, args.prompt)
+    print(f"{len(ids)}-token prompt, {args.max_new} greedy tokens, {args.dtype}, ctx {args.ctx}, on {device}; "
+          f"each way in a fresh process{f', median of {args.repeat} runs' if args.repeat > 1 else ''}", flush=True)
+
+    rows = []
+    for way in ways:
+        python = args.compile_python if way.startswith("python") else sys.executable
+        runs = [run_way(way, args.model, args.emb4, device, args.dtype, args.ctx, ids, args.max_new, python)
+                for _ in range(args.repeat)]
+        rows.append(median_row(runs))
+    print(table(rows))
+    identical = identity_lines(rows)
+    print("\n".join(identical))
+    records.write_json(args.json, device, model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
+                       dtype=args.dtype, ctx=args.ctx, max_new=args.max_new, repeat=args.repeat, prompt=args.prompt,
+                       prompt_ids=ids, rows=rows, identical=identical)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Fixtures shared by step 05's tests: the tiny checkpoints (step 03 makes them) and Transformers' reference."""
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+from torchtpu_rs import checkpoints
+
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Path:
+    """The tiny Gemma 4 checkpoint (causal layout): `text/` and its `emb4/` twin."""
+    return checkpoints.tiny("causal")
+
+
+@pytest.fixture(scope="session")
+def tiny_multimodal() -> Path:
+    return checkpoints.tiny("multimodal")
+
+
+@pytest.fixture(scope="session")
+def ctx() -> int:
+    """The tiny checkpoint's default context in every run.py."""
+    return 2048
+
+
+@pytest.fixture(scope="session")
+def short_prompt() -> str:
+    """One prompt chunk on the tiny model, so a compiled run makes two graphs (the chunk, the decode step):
+    test_compile and test_run use it with the same checkpoint and dtype, so inductor compiles them once."""
+    return "What is the code of record 17 ?"
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """A loader for the reference model: `hf_model(folder)`, float32."""
+    return transformers_model
+
+
+def transformers_model(folder: Path):
+    """The reference: Transformers with eager attention, weights decompressed the way compressed-tensors does."""
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager",
+        quantization_config=CompressedTensorsConfig(dequantize=True)).eval()

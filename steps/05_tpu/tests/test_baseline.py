@@ -1,0 +1,126 @@
+"""The Python baseline computes what Transformers computes, through its ring caches, and stores its weights as the
+Rust engine does; in float32 its greedy tokens equal the engine's."""
+import json
+
+import pytest
+import torch
+
+import torchtpu_rs
+from torchtpu_ways.baseline import Baseline
+from torchtpu_ways.checkpoint import DenseTable, PackedTable
+
+CTX = 2048
+
+
+def variants(tiny, tiny_multimodal):
+    """(name, model dir, emb4 dir, reference folder for Transformers): with the twin, every table comes from it,
+    so the reference is Transformers on the twin's folder."""
+    return {
+        "text": (tiny / "text", None, tiny / "text"),
+        "emb4": (tiny / "text", tiny / "emb4", tiny / "emb4"),
+        "multimodal": (tiny_multimodal / "text", None, tiny_multimodal / "text"),
+    }
+
+
+@pytest.fixture(params=["text", "emb4", "multimodal"])
+def variant(request, tiny, tiny_multimodal):
+    return request.param, *variants(tiny, tiny_multimodal)[request.param]
+
+
+def window(folder) -> int:
+    config = json.loads((folder / "config.json").read_text())
+    return config.get("text_config", config)["sliding_window"]
+
+
+def greedy_no_cache(model, prompt, n):
+    """Transformers' greedy tokens, each from a full forward over everything so far (no cache at all)."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def test_layout_is_the_engines(tiny):
+    model = Baseline(tiny / "text", None, "cpu", CTX)
+    assert model.layout() == torchtpu_rs.layout_for(tiny / "text" / "config.json", CTX)
+
+
+def test_weights_are_stored_as_the_engine_stores_them(tiny):
+    text = Baseline(tiny / "text", None, "cpu", CTX, "bfloat16")
+    assert isinstance(text.embed_tokens, DenseTable) and text.embed_tokens.weight.dtype == torch.bfloat16
+    # tied head: the embedding table itself, no second copy
+    assert text.lm_head.data_ptr() == text.embed_tokens.weight.data_ptr()
+    layer = text.layers[0]
+    assert layer.q_proj.dtype == torch.bfloat16 and layer.input_norm.dtype == torch.float32
+    assert text.layers[-1].kv is None  # KV-shared layers hold no k/v projections
+
+    emb4 = Baseline(tiny / "text", tiny / "emb4", "cpu", CTX, "float32")
+    assert isinstance(emb4.embed_tokens, PackedTable) and isinstance(emb4.embed_tokens_per_layer, PackedTable)
+    assert emb4.embed_tokens_per_layer.packed.dtype == torch.int32  # kept packed: only gathered rows unpack
+    assert emb4.embed_tokens.scale.dtype == torch.float16  # the twin's scales, as stored
+    assert emb4.lm_head.dtype == torch.float32  # the untied packed head, dequantized once
+
+
+def test_teacher_forced_logits_through_wrapping_rings_match_transformers(variant, hf_model):
+    name, model, emb4, reference = variant
+    ids = [2] + [(7 * i + 3) % 500 + 3 for i in range(9 * window(model))]  # 9 windows: every ring wraps
+    ours = Baseline(model, emb4, "cpu", CTX, "float32").logits(ids)
+    with torch.no_grad():
+        want = hf_model(reference)(torch.tensor([ids])).logits[0].float()
+    assert ours.dtype == torch.float32 and ours.shape == want.shape
+    assert (ours - want).abs().max().item() < 1e-3, name
+
+
+@pytest.mark.parametrize("name", ["text", "emb4"])
+def test_greedy_64_equals_transformers_without_cache(name, tiny, tiny_multimodal, hf_model):
+    model, emb4, reference = variants(tiny, tiny_multimodal)[name]
+    prompt = [2, 17, 250, 33, 480, 5, 99, 301]
+    tokens, read_s, decode_s = Baseline(model, emb4, "cpu", CTX, "float32").generate(prompt, 64)
+    assert len(tokens) == 64 and read_s > 0 and decode_s > 0
+    assert tokens == greedy_no_cache(hf_model(reference), prompt, 64), name
+    assert len(set(tokens)) >= 32, "the tiny model should not collapse into repetition"
+
+
+@pytest.mark.parametrize("name", ["text", "emb4"])
+def test_float32_tokens_equal_the_rust_engines(name, tiny, tiny_multimodal):
+    model, emb4, _ = variants(tiny, tiny_multimodal)[name]
+    prompt = [2] + list(range(40, 40 + 2 * window(model)))  # a prompt of three chunks
+    engine = torchtpu_rs.Engine(model, emb4, torch.zeros(1), CTX, "float32")
+    ours = Baseline(model, emb4, "cpu", CTX, "float32").generate(prompt, 64)[0]
+    assert ours == engine.generate(prompt, 64)[0]
+
+
+def test_a_sharded_checkpoint_reads_the_same(tiny, tmp_path):
+    """Real repacks may come in shards with a `model.safetensors.index.json`: split the tiny one in two."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tiny / "text" / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for n, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        file = f"model-{n + 1:05d}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in part}, tmp_path / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text((tiny / "text" / "config.json").read_text())
+    ids = list(range(2, 40))
+    want = Baseline(tiny / "text", None, "cpu", CTX, "float32").logits(ids)
+    assert torch.equal(Baseline(tmp_path, None, "cpu", CTX, "float32").logits(ids), want)
+
+
+def test_read_every_changes_nothing_and_bad_input_raises(tiny):
+    model = Baseline(tiny / "text", tiny / "emb4", "cpu", 64)
+    prompt = [2, 40, 41, 42]
+    first = model.generate(prompt, 20)[0]
+    assert model.generate(prompt, 20, read_every=8)[0] == first
+    assert model.generate(prompt, 20, read_every=100)[0] == first
+    assert model.generate(prompt, 0)[0] == []
+    assert torch.equal(model.logits(prompt, positions=[3, 0]), model.logits(prompt)[[3, 0]])
+    for bad in ([], [2, 100000]):
+        with pytest.raises(ValueError, match="ids"):
+            model.generate(bad, 4)
+    with pytest.raises(ValueError, match="max_new"):
+        model.generate(prompt, 61)  # 4 + 61 > ctx 64
+    with pytest.raises(ValueError, match="dtype"):
+        Baseline(tiny / "text", None, "cpu", 64, "float16")

@@ -1,0 +1,95 @@
+"""run.py runs every way in a fresh process and reports each with a complete record; fused is n/a off a TPU."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
+
+STEP = Path(__file__).resolve().parents[1]
+ROOT = STEP.parents[1]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, ctx, short_prompt):
+    """run.py on the tiny checkpoint, float32 (the same graphs test_compile compiled), 8 tokens, all four ways."""
+    out = tmp_path_factory.mktemp("run") / "step05.json"
+    proc = subprocess.run([sys.executable, str(STEP / "run.py"), "--device", "cpu", "--dtype", "float32",
+                           "--ctx", str(ctx), "--max-new", "8", "--prompt", short_prompt, "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_every_way_has_a_complete_row(recorded):
+    _, record = recorded
+    assert {"device", "cpu", "python", "torch", "tch", "transformers", "date", "command"} <= set(record["meta"])
+    rows = {row["way"]: row for row in record["rows"]}
+    assert list(rows) == WAYS
+    keys = {"way", "torch", "available", "why", "tokens", *FIGURES}
+    for way, row in rows.items():
+        assert keys <= set(row), way
+
+
+def test_fused_is_not_available_off_a_tpu(recorded):
+    _, record = recorded
+    fused = record["rows"][0]
+    assert fused["way"] == "rust-fused" and fused["available"] is False
+    assert "TPU" in fused["why"] and fused["tokens"] is None
+    assert all(fused[key] is None for key in FIGURES), "no invented numbers"
+
+
+def test_each_way_ran_in_its_own_process_and_measured(recorded):
+    _, record = recorded
+    ran = [row for row in record["rows"] if row["available"]]
+    assert len({row["pid"] for row in ran}) == 3 and os.getpid() not in {row["pid"] for row in ran}
+    for row in ran:
+        assert row["torch"] == torch.__version__ and row["why"] is None
+        assert len(row["tokens"]) == 8
+        for key in ("load_s", "first_s", "streamed_tok_s", "batched_tok_s", "read_s", "read_tok_s"):
+            assert row[key] > 0, (row["way"], key)
+        assert row["peak_gb"] > 0.05, "peak resident memory of a process that imported torch"
+
+
+def test_graphs_and_breaks_are_counted_by_dynamo_for_the_compile_way_only(recorded):
+    _, record = recorded
+    rows = {row["way"]: row for row in record["rows"]}
+    compiled = rows["python-compile"]
+    assert type(compiled["graphs"]) is int and type(compiled["breaks"]) is int
+    assert (compiled["graphs"], compiled["breaks"]) == (2, 0)  # the prompt chunk and the decode step
+    assert all(rows[w]["graphs"] is None and rows[w]["breaks"] is None for w in ("rust-eager", "python-eager"))
+
+
+def test_the_printed_table_and_float32_tokens_agree(recorded):
+    stdout, record = recorded
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("way "))
+    assert lines[header].split()[1:] == ["load", "s", "first", "s", "graphs", "breaks", "streamed", "in",
+                                         "batches", "peak", "GB"]
+    assert lines[header + 1].startswith("Rust fused") and "n/a" in lines[header + 1]
+    version = label({"way": "rust-eager", "torch": torch.__version__}).split(", ")[1]
+    assert lines[header + 2].startswith(f"Rust eager, {version}")
+    reference = label({"way": "python-compile", "torch": torch.__version__})
+    # float32: every way picks the same tokens
+    assert f"Rust eager, {version}: first 8 of 8 tokens identical to {reference}" in lines
+    assert f"Python eager, {version}: first 8 of 8 tokens identical to {reference}" in lines
+    assert record["identical"] == lines[header + 5:header + 7]
+
+
+def test_run_way_refuses_fused_off_a_tpu_without_starting_a_process(tiny):
+    row = run_way("rust-fused", tiny / "text", None, "cpu", "bfloat16", 64, [2, 3], 4, python="/nonexistent")
+    assert row["available"] is False and row["load_s"] is None
+
+
+def test_median_row_label_and_identical_prefix():
+    runs = [{"way": "python-compile", "torch": "2.14.1", "available": True, "why": None, "tokens": [1, 2],
+             **dict.fromkeys(FIGURES, float(i)), "graphs": g, "breaks": 0} for i, g in zip((3, 1, 2), (2, 3, 2))]
+    row = median_row(runs)
+    assert row["load_s"] == 2.0 and row["graphs"] == 2 and row["tokens"] == [1, 2]
+    assert label(row) == "Python compile, torch 2.14.1"
+    assert label({"way": "rust-eager", "torch": "2.13.0+cu130"}) == "Rust eager, torch 2.13"
+    assert identical_prefix([1, 2, 3], [1, 2, 4]) == 2 and identical_prefix([1, 2], [1, 2]) == 2
