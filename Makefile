@@ -54,6 +54,10 @@ test: setup
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
 	python -m pytest tests/site
 
+# The CPU record at full E2B size (random weights): makes the 9 GB checkpoint once, then runs for a long while.
+bench: setup
+	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
+
 clean:
 	rm -rf .venv site .cache test-artifacts
 	find steps -name __pycache__ -prune -exec rm -rf {} +

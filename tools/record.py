@@ -5,6 +5,7 @@ line naming the device, versions and date (from the `meta` block the script writ
 output block in the guide says where it came from.
 
 usage: python tools/record.py [NAME ...] [--device auto|tpu|cuda|cpu]     (no NAME: every line of records.txt)
+       python tools/record.py --list tools/bench.txt --folder cpu-e2b     (make bench: the benchmarks)
 """
 import argparse
 import json
@@ -18,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def manifest() -> dict[str, list[str]]:
-    """name -> [step, run.py arguments...] from records.txt."""
-    lines = (ROOT / "tools" / "records.txt").read_text().splitlines()
+def manifest(path: Path) -> dict[str, list[str]]:
+    """name -> [script, arguments...] from a list such as records.txt."""
+    lines = path.read_text().splitlines()
     rows = [shlex.split(line) for line in lines if line.strip() and not line.lstrip().startswith("#")]
     return {name: rest for name, *rest in rows}
 
@@ -41,10 +42,11 @@ def header(meta: dict) -> str:
             f"# {versions}")
 
 
-def record(name: str, step: str, args: list[str], device: str, out: Path) -> None:
+def record(name: str, script: str, args: list[str], device: str, out: Path) -> None:
     partial = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
     own_device = "--device" in args  # e.g. parity, which runs on the CPU wherever it is recorded
-    cmd = ["python", f"steps/{step}/run.py", *([] if own_device else ["--device", device]), *args]
+    script = f"steps/{script}" if "/" in script else f"steps/{script}/run.py"  # a step folder means its run.py
+    cmd = ["python", script, *([] if own_device else ["--device", device]), *args]
     print(f"$ {shlex.join(cmd)}", flush=True)
     proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(partial.relative_to(ROOT))], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
@@ -64,17 +66,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help="runs to record (default: all of tools/records.txt)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--list", type=Path, default=ROOT / "tools" / "records.txt", help="which runs (default: %(default)s)")
+    ap.add_argument("--folder", help="folder under docs/runs/ (default: the device's name)")
     a = ap.parse_args()
-    runs = manifest()
+    runs = manifest(a.list)
     unknown = set(a.names) - set(runs)
     if unknown:
-        sys.exit(f"not in tools/records.txt: {', '.join(sorted(unknown))}")
+        sys.exit(f"not in {a.list}: {', '.join(sorted(unknown))}")
     device = resolve(a.device)
-    out = ROOT / "docs" / "runs" / device
+    out = ROOT / "docs" / "runs" / (a.folder or device)
     out.mkdir(parents=True, exist_ok=True)
     for name in a.names or runs:
-        step, *args = runs[name]
-        record(name, step, args, device, out)
+        script, *args = runs[name]
+        record(name, script, args, device, out)
 
 
 if __name__ == "__main__":

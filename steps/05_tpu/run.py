@@ -11,36 +11,8 @@ import sys
 from torchtpu_rs import cli, records
 
 from torchtpu_ways import prompt, tpu
-from torchtpu_ways.ways import WAYS, identical_prefix, label, median_row, run_way
-
-COLUMNS = [("load s", "load_s", "{:.2f}"), ("first s", "first_s", "{:.2f}"), ("graphs", "graphs", "{}"),
-           ("breaks", "breaks", "{}"), ("streamed", "streamed_tok_s", "{:.1f}"),
-           ("in batches", "batched_tok_s", "{:.1f}"), ("peak GB", "peak_gb", "{:.2f}")]
-
-
-def table(rows: list[dict]) -> str:
-    """The human table: one row per way; tok/s for streamed and in batches; `-` where a way has no such figure."""
-    width = max(len("way"), *(len(label(r)) for r in rows)) + 2
-    lines = ["way".ljust(width) + "  ".join(name for name, _, _ in COLUMNS)]
-    for row in rows:
-        if not row["available"]:
-            lines.append(label(row).ljust(width) + f"n/a: {row['why']}")
-            continue
-        cells = [("-" if row[key] is None else fmt.format(row[key])).rjust(len(name)) for name, key, fmt in COLUMNS]
-        lines.append(label(row).ljust(width) + "  ".join(cells))
-    return "\n".join(lines)
-
-
-def identity_lines(rows: list[dict]) -> list[str]:
-    """`<way>: first n of N tokens identical to <reference>`: the reference is Python compile where it ran,
-    else Python eager."""
-    ran = {r["way"]: r for r in rows if r["available"]}
-    reference = ran.get("python-compile") or ran.get("python-eager")
-    if reference is None:
-        return []
-    return [f"{label(r)}: first {identical_prefix(r['tokens'], reference['tokens'])} of {len(reference['tokens'])} "
-            f"tokens identical to {label(reference)}" for r in ran.values() if r is not reference]
-
+from torchtpu_ways.report import identity_lines, table
+from torchtpu_ways.ways import WAYS, median_row, run_way
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

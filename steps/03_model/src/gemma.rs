@@ -44,6 +44,14 @@ impl Table {
         Ok(rows.f_to_kind(kind)?)
     }
 
+    /// Bytes one gathered row takes as stored.
+    fn row_bytes(&self) -> i64 {
+        match self {
+            Table::Dense(t) => t.size()[1] * t.kind().elt_size_in_bytes() as i64,
+            Table::Packed(p) => p.row_bytes(),
+        }
+    }
+
     /// The whole table as a `kind` matrix, for an output head tied to the embeddings.
     fn matrix(&self, kind: Kind) -> Result<Tensor> {
         Ok(match self {
@@ -162,10 +170,12 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, hidden: &Tensor, kind: Kind) -> Re
     let kv_heads = k.size()[0];
     let group = heads / kv_heads;
     let q = q.f_permute([1, 0, 2])?.f_reshape([kv_heads, group * tokens, d])?;
-    let scores = q.f_matmul(&k.f_transpose(1, 2)?)?.f_view([kv_heads, group, tokens, -1])?;
+    // Scores as (k · qᵀ)ᵀ: the cache is the left operand and is read where it lies. Written q · kᵀ, the CPU's
+    // batched matmul first copies the transposed cache — every slot, every layer, every step (60× slower).
+    let scores = k.f_matmul(&q.f_transpose(1, 2)?)?.f_transpose(1, 2)?.f_unflatten(1, [group, tokens])?;
     let lowest = if kind == Kind::BFloat16 { -3.3895313892515355e38 } else { f32::MIN as f64 };
     let probs = scores.f_masked_fill(hidden, lowest)?.f_softmax(-1, Kind::Float)?.f_to_kind(kind)?;
-    let out = probs.f_view([kv_heads, group * tokens, -1])?.f_matmul(v)?;
+    let out = probs.f_reshape([kv_heads, group * tokens, -1])?.f_matmul(v)?;
     Ok(out.f_view([heads, tokens, d])?.f_permute([1, 0, 2])?.f_reshape([tokens, heads * d])?)
 }
 // --8<-- [end:attend]
@@ -294,6 +304,26 @@ impl Gemma {
         let empty =
             |n: i64| -> Result<Tensor> { Ok(on(&Tensor::f_full([n], -1, (Kind::Int64, Device::Cpu))?, &self.like)?) };
         Ok(Cache { kv, slot_pos: [empty(ring)?, empty(ctx)?], ctx })
+    }
+
+    /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,
+    /// norms and scalar, the per-layer projection, the final norm and head, one row of each embedding table.
+    pub fn weight_bytes_per_token(&self) -> i64 {
+        let bytes = |t: &Tensor| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
+        let mut total = [&self.per_layer_model_projection, &self.per_layer_projection_norm, &self.norm, &self.lm_head]
+            .into_iter()
+            .map(bytes)
+            .sum::<i64>();
+        for l in &self.layers {
+            let own = [&l.input_norm, &l.q_proj, &l.q_norm, &l.o_proj, &l.post_attention_norm, &l.pre_feedforward_norm];
+            let rest = [&l.gate_proj, &l.up_proj, &l.down_proj, &l.post_feedforward_norm, &l.per_layer_input_gate];
+            let ple = [&l.per_layer_projection, &l.post_per_layer_input_norm, &l.layer_scalar];
+            total += own.into_iter().chain(rest).chain(ple).map(bytes).sum::<i64>();
+            if let Some((k, v, norm)) = &l.kv {
+                total += bytes(k) + bytes(v) + bytes(norm);
+            }
+        }
+        total + self.embed_tokens.row_bytes() + self.embed_tokens_per_layer.row_bytes()
     }
 
     /// Prompt tokens per forward pass while reading: one sliding window.

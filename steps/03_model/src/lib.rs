@@ -204,6 +204,13 @@ impl Engine {
         PyList::new(py, out)
     }
 
+    /// weight_bytes_per_token() -> int
+    ///
+    /// Bytes of weights one decode step reads, in the dtypes the engine holds them (not the bytes on disk).
+    fn weight_bytes_per_token(&self) -> PyResult<i64> {
+        Ok(self.state()?.model.weight_bytes_per_token())
+    }
+
     fn __repr__(&self) -> PyResult<String> {
         let state = self.state()?;
         let (full, sliding, shared, ring) = config::layout(&state.model.cfg);

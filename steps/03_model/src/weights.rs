@@ -177,6 +177,11 @@ impl Packed {
         Self::unpack(&self.packed, &self.scale, &self.shifts, self.cols)
     }
 
+    /// Bytes one row takes as stored: its packed words and its scales.
+    pub fn row_bytes(&self) -> i64 {
+        self.packed.size()[1] * 4 + self.scale.size()[1] * self.scale.kind().elt_size_in_bytes() as i64
+    }
+
     /// Only the rows `ids` (an embedding lookup), in the scale dtype: the table itself stays packed.
     pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
         let packed = self.packed.f_index_select(0, ids)?;

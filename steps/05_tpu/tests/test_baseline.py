@@ -124,3 +124,11 @@ def test_read_every_changes_nothing_and_bad_input_raises(tiny):
         model.generate(prompt, 61)  # 4 + 61 > ctx 64
     with pytest.raises(ValueError, match="dtype"):
         Baseline(tiny / "text", None, "cpu", 64, "float16")
+
+
+@pytest.mark.parametrize("emb4", [False, True])
+def test_both_count_the_same_weight_bytes_per_token(tiny, emb4):
+    twin = tiny / "emb4" if emb4 else None
+    rust = torchtpu_rs.Engine(tiny / "text", twin, torch.zeros(1), 64, "bfloat16")
+    python = Baseline(tiny / "text", twin, "cpu", 64, "bfloat16")
+    assert rust.weight_bytes_per_token() == python.weight_bytes_per_token() > 0

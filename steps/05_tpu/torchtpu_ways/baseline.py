@@ -59,10 +59,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     kv_heads = k.shape[0]
     group = heads // kv_heads
     q = q.permute(1, 0, 2).reshape(kv_heads, group * tokens, d)
-    scores = (q @ k.transpose(1, 2)).view(kv_heads, group, tokens, -1)
+    # (k @ q^T)^T, not q @ k^T: as the left operand the cache is read where it lies; as k^T on the right, the
+    # CPU's batched matmul first copies all of it — every slot, every layer, every step
+    scores = (k @ q.transpose(1, 2)).transpose(1, 2).unflatten(1, (group, tokens))
     scores = scores.masked_fill(hidden, torch.finfo(q.dtype).min)
     probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
-    out = probs.view(kv_heads, group * tokens, -1) @ v
+    out = probs.reshape(kv_heads, group * tokens, -1) @ v
     return out.view(heads, tokens, d).permute(1, 0, 2).reshape(tokens, heads * d)
 
 
@@ -184,6 +186,15 @@ class Baseline:
         # symbolic one. fullgraph=False, so that dynamo reports breaks (see `dynamo_counts`) instead of raising.
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
         # --8<-- [end:compile]
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads, as held (as the Rust engine counts them): every layer's
+        matrices, norms and scalar, the per-layer projection, the final norm and head, one row of each table."""
+        tensors = [self.per_layer_model_projection, self.per_layer_projection_norm, self.norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)] + list(layer.kv or ())
+        return (sum(t.numel() * t.element_size() for t in tensors)
+                + self.embed_tokens.row_bytes() + self.embed_tokens_per_layer.row_bytes())
 
     def layout(self) -> tuple[int, int, int, int]:
         """(full_rings, sliding_rings, shared_layers, sliding_ring_len), as the Rust engine's layout()."""

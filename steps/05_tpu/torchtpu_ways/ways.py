@@ -20,7 +20,7 @@ NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile
          "python-eager": "Python eager"}
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
-           "read_s", "read_tok_s"]
+           "read_s", "read_tok_s", "bytes_per_token"]
 COUNTS = {"graphs", "breaks"}
 
 

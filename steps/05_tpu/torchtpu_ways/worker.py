@@ -55,7 +55,7 @@ def measure(args: argparse.Namespace) -> dict:
         "way": args.way, "torch": torch.__version__, "available": True, "why": None, "pid": os.getpid(),
         "load_s": load_s, "first_s": first_s, "graphs": graphs, "breaks": breaks,
         "streamed_tok_s": tok_s(steps, decode_s), "batched_tok_s": tok_s(steps, batched_s) if args.batched else None,
-        "peak_gb": peak.gb(), "tokens": tokens,
+        "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
     }
 

@@ -30,4 +30,7 @@ class Engine:
     def hidden_states(self, ids: list[int]) -> list[torch.Tensor]:
         """L + 1 tensors [len(ids), hidden]: each layer's input, then the final-norm output."""
 
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads, as held on the device."""
+
 def layout_for(config_json: str | PathLike[str], ctx: int) -> Layout: ...

@@ -99,6 +99,9 @@ class DenseTable:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight.index_select(0, ids)
 
+    def row_bytes(self) -> int:
+        return self.weight.shape[1] * self.weight.element_size()
+
     def dequantize(self) -> torch.Tensor:
         return self.weight
 
@@ -111,6 +114,9 @@ class PackedTable:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return unpack_int4(self.packed.index_select(0, ids), self.scale.index_select(0, ids), self.cols)
+
+    def row_bytes(self) -> int:
+        return self.packed.shape[1] * self.packed.element_size() + self.scale.shape[1] * self.scale.element_size()
 
     def dequantize(self) -> torch.Tensor:
         return unpack_int4(self.packed, self.scale, self.cols)

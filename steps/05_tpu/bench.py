@@ -1,0 +1,145 @@
+"""`make bench`, step 05: the three ways at full E2B size on this machine, with the figures that make the
+numbers comparable across machines — measured memory bandwidth, the weight bytes each way reads per decode
+token, and the fraction of the bandwidth limit each way reaches — and the project's targets, met or not.
+
+usage: python bench.py [--repeat 3] [--max-new 64] [--ways ...] [--dtype bfloat16] [--json PATH] [--chart PNG]
+The checkpoint is the random E2B-shaped one (made once, cached: about 9 GB, minutes). Random weights: the tokens
+are noise, the speeds and the memory are real.
+"""
+import argparse
+import time
+
+import torch
+
+from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_ways import prompt
+from torchtpu_ways.report import identity_lines, table
+from torchtpu_ways.ways import WAYS, label, median_row, run_way
+
+
+# --8<-- [start:bandwidth]
+def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
+    """A large copy, best of `tries`: every byte is read once and written once."""
+    src = torch.ones(gib * 2**30, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() / best / 1e9
+# --8<-- [end:bandwidth]
+
+
+def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
+    """What the caches hold: full owners ctx slots, sliding owners 2 · window, keys and values."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    owners = text["layer_types"][: text["num_hidden_layers"] - text["num_kv_shared_layers"]]
+    slots = {"full_attention": (ctx, text["global_head_dim"]), "sliding_attention": (2 * text["sliding_window"], text["head_dim"])}
+    size = 2 if dtype == "bfloat16" else 4
+    return sum(2 * text["num_key_value_heads"] * slots[t][0] * slots[t][1] * size for t in owners) / 1e9
+
+
+# --8<-- [start:targets]
+def targets(rows: dict) -> list[tuple[str, float | None, str, float]]:
+    """(target, measured ratio, comparison, bound) — each a ratio of medians from this one run."""
+    rust, eager, compiled = rows.get("rust-eager"), rows.get("python-eager"), rows.get("python-compile")
+
+    def ratio(a, b, key):
+        return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
+
+    return [
+        ("Rust eager decode / Python eager decode", ratio(rust, eager, "streamed_tok_s"), ">=", 0.95),
+        ("Rust eager decode / Python compile decode", ratio(rust, compiled, "streamed_tok_s"), ">=", 0.9),
+        ("Rust eager decode / bandwidth limit", rust and rust.get("bandwidth_fraction"), ">=", 0.6),
+        ("Rust peak memory / Python eager peak", ratio(rust, eager, "peak_gb"), "<=", 1.05),
+        ("Rust peak memory / Python compile peak", ratio(rust, compiled, "peak_gb"), "<=", 1.05),
+    ]
+# --8<-- [end:targets]
+
+
+def chart(rows: list[dict], path: str) -> None:
+    """Decode tok/s (streamed, in batches) and peak memory per way, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows if r["available"]]
+    names = [label(r) for r in ran]
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 3.8))
+    x = range(len(ran))
+    speed.bar([i - 0.2 for i in x], [r["streamed_tok_s"] for r in ran], 0.4, label="streamed")
+    speed.bar([i + 0.2 for i in x], [r["batched_tok_s"] for r in ran], 0.4, label="in batches (every 8)")
+    speed.set_ylabel("decode tok/s")
+    speed.legend()
+    memory.bar(list(x), [r["peak_gb"] for r in ran], 0.5, color="tab:gray")
+    memory.set_ylabel("peak memory, GB")
+    for ax in (speed, memory):
+        ax.set_xticks(list(x), names, rotation=12, fontsize=8)
+    fig.suptitle("Gemma 4 E2B-shaped, random W4A16 weights, on this CPU (higher is better / lower is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--chart", metavar="PNG", help="write the bar chart here (default: beside --json)")
+    args = ap.parse_args()
+
+    folder = checkpoints.e2b()
+    model, emb4 = folder / "text", folder / "emb4"
+    ctx = cli.default_ctx(model)
+    device = devices.choose_device(args.device)
+    ids = prompt.encode(model, prompt.PROMPT)
+    bandwidth = memory_bandwidth_gb_s()
+    print(f"E2B-shaped checkpoint (random weights), {len(ids)}-token prompt, {args.max_new} greedy tokens, "
+          f"{args.dtype}, ctx {ctx}, on {device}; median of {args.repeat} fresh processes per way")
+    print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s", flush=True)
+
+    rows = []
+    for way in args.ways.split(","):
+        runs = [run_way(way, model, emb4, str(device), args.dtype, ctx, ids, args.max_new) for _ in range(args.repeat)]
+        row = median_row(runs)
+        if row["available"]:
+            row["bandwidth_fraction"] = row["streamed_tok_s"] * row["bytes_per_token"] / (bandwidth * 1e9)
+        rows.append(row)
+        print(f"  {label(row)}: done", flush=True)
+    print(table(rows))
+    print("\n".join(identity_lines(rows)))
+    print(f"{'way':<28}{'GB read / token':>16}{'bandwidth fraction':>20}")
+    for row in rows:
+        if row["available"]:
+            print(f"{label(row):<28}{row['bytes_per_token'] / 1e9:>16.2f}{row['bandwidth_fraction']:>20.2f}")
+    print(f"KV caches held by every way: {kv_cache_gb(model, ctx, args.dtype):.2f} GB; the rest of the peak is the "
+          f"weights as held (about the GB read per token) plus the runtime")
+
+    by_way = {r["way"]: r for r in rows if r["available"]}
+    checks = []
+    print("targets (ratios of medians from this run):")
+    for name, value, op, bound in targets(by_way):
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
+        shown = "n/a" if value is None else f"{value:.2f}"
+        print(f"  {name} {op} {bound}: {shown}  {'met' if met else 'not measured' if met is None else 'MISSED'}")
+
+    if args.json:
+        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,
+                           max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
+                           kv_cache_gb=kv_cache_gb(model, ctx, args.dtype), rows=rows, targets=checks)
+    chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
+    if chart_path:
+        chart(rows, chart_path)
+
+
+if __name__ == "__main__":
+    main()
