@@ -59,8 +59,8 @@ bench: setup
 	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
 
 clean:
-	rm -rf .venv site .cache test-artifacts
-	find steps -name __pycache__ -prune -exec rm -rf {} +
+	rm -rf .venv site .cache test-artifacts build *.egg-info steps/*/build steps/*/*.egg-info
+	find steps tests tools -name __pycache__ -prune -exec rm -rf {} +
 
 # Also drops the caches shared by every clone: the next build compiles torch-sys again.
 distclean: clean
