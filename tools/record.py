@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
+from torchtpu_rs.devices import choose_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,12 +27,8 @@ def manifest(path: Path) -> dict[str, list[str]]:
 
 
 def resolve(device: str) -> str:
-    """The device `--device auto` picks (a TPU, else CUDA, else the CPU), so the recording knows its folder."""
-    if device != "auto":
-        return device
-    if hasattr(torch, "tpu") and torch.tpu.device_count() > 0:
-        return "tpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """The device `--device auto` picks (the steps' own rule), so the recording knows its folder."""
+    return choose_device(device).type
 
 
 def header(meta: dict) -> str:

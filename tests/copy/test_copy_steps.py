@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = sorted(p.parent.name for p in ROOT.glob("steps/*/pyproject.toml"))
@@ -26,8 +27,8 @@ def project(step: str) -> dict:
 def needs(step: str) -> list[str]:
     """The steps `step` depends on, from its pyproject dependencies (package names), dependencies first."""
     by_package = {project(s)["name"]: s for s in STEPS}
-    direct = [by_package[d.split("=")[0].split(">")[0].strip()] for d in project(step)["dependencies"]
-              if d.split("=")[0].split(">")[0].strip() in by_package]
+    names = [Requirement(d).name for d in project(step)["dependencies"]]
+    direct = [by_package[n] for n in names if n in by_package]
     ordered = []
     for d in direct:
         ordered += [s for s in [*needs(d), d] if s not in ordered]

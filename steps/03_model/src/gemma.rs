@@ -171,7 +171,7 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, hidden: &Tensor, kind: Kind) -> Re
     let group = heads / kv_heads;
     let q = q.f_permute([1, 0, 2])?.f_reshape([kv_heads, group * tokens, d])?;
     // Scores as (k · qᵀ)ᵀ: the cache is the left operand and is read where it lies. Written q · kᵀ, the CPU's
-    // batched matmul first copies the transposed cache — every slot, every layer, every step (60× slower).
+    // batched matmul first copies the transposed cache — every slot, every layer, every step.
     let scores = k.f_matmul(&q.f_transpose(1, 2)?)?.f_transpose(1, 2)?.f_unflatten(1, [group, tokens])?;
     let lowest = if kind == Kind::BFloat16 { -3.3895313892515355e38 } else { f32::MIN as f64 };
     let probs = scores.f_masked_fill(hidden, lowest)?.f_softmax(-1, Kind::Float)?.f_to_kind(kind)?;

@@ -46,7 +46,7 @@ def test_bfloat16_agrees_in_distribution(variant):
     r = run_compare(variant, "bfloat16", layers=False)
     assert r["top5_rust"]["ids"] == r["top5_hf"]["ids"]
     assert r["kl_hf_rs"] <= 1e-3
-    assert 0 <= r["same"] <= 64  # reported, not required: near ties part two correct bf16 decodes
+    # greedy tokens are reported, not required: near ties part two correct bf16 decodes
 
 
 def test_a_planted_fault_is_found_by_layer(tmp_path):
