@@ -10,15 +10,12 @@ import argparse
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from transformers import AutoTokenizer
 
-from torchtpu_longprompt import build_prompt, default_lengths, parse_answer, shortest
+from torchtpu_longprompt import build_prompt, default_lengths, shortest
+from torchtpu_longprompt.measure import HEADER, line, measure, verdict
 from torchtpu_rs import cli, devices, records
-from torchtpu_ways.ways import WAYS, label, run_way
+from torchtpu_ways.ways import WAYS
 
 DEFAULT_WAYS = "rust-fused,rust-eager,python-compile"
-
-
-def cell(value, spec: str, width: int) -> str:
-    return f"{'n/a' if value is None else format(value, spec):>{width}}"
 
 
 def main() -> None:
@@ -34,33 +31,18 @@ def main() -> None:
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else default_lengths(args.ctx, shortest(tokenizer, args.seed)))
 
-    print(f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'answer':>9}  found")
+    print(HEADER)
     rows = []
     for length in lengths:
-        # --8<-- [start:measure]
         prompt = build_prompt(tokenizer, min(length, args.ctx - args.max_new), args.seed)
-        answers = set()
+        these = []
         for way in args.ways.split(","):
-            r = run_way(way, args.model, args.emb4, str(device), args.dtype, args.ctx, prompt.ids, args.max_new,
-                        batched=False)
-            answer = parse_answer(tokenizer.decode(r["tokens"], skip_special_tokens=True)) if r["available"] else None
-            row = {"way": way, "label": label(r), "available": r["available"], "why": r["why"],
-                   "torch": r["torch"], "prompt_tokens": len(prompt.ids), "records": prompt.records,
-                   "asked": prompt.asked, "read_s": r["read_s"], "read_tok_s": r["read_tok_s"],
-                   "decode_tok_s": r["streamed_tok_s"], "answer": answer, "expected": prompt.expected,
-                   "found": answer == prompt.expected if r["available"] else None, "tokens": r["tokens"]}
-            # --8<-- [end:measure]
-            rows.append(row)
-            if r["available"]:
-                answers.add(answer)
-                print(f"{row['label']:<26}{len(prompt.ids):>7}{cell(row['read_s'], '.2f', 8)}"
-                      f"{cell(row['read_tok_s'], '.0f', 11)}{cell(row['decode_tok_s'], '.1f', 8)}"
-                      f"{str(answer):>9}  {'yes' if row['found'] else 'no'}")
-            else:
-                print(f"{row['label']:<26}{len(prompt.ids):>7}  n/a: {r['why']}")
-        verdict = f"all ways gave {answers.pop()}" if len(answers) == 1 else f"the ways disagree: {sorted(map(str, answers))}"
+            these.append(measure(way, prompt, tokenizer, args.model, args.emb4, str(device), args.dtype, args.ctx,
+                                 args.max_new))
+            print(line(these[-1]), flush=True)
         print(f"  prompt of {len(prompt.ids)} tokens, record {prompt.asked} of {prompt.records}, "
-              f"code {prompt.expected}: {verdict}")
+              f"code {prompt.expected}: {verdict(these)}")
+        rows += these
     records.write_json(args.json, device, model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
                        dtype=args.dtype, ctx=args.ctx, max_new=args.max_new, lengths=lengths, rows=rows)
 

@@ -164,17 +164,27 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// Attention of `q [tokens, heads, d]` over a whole cache `k, v [kv_heads, slots, d]`; `hidden [tokens, slots]`
 /// marks the slots a query must not see. The query heads that share a KV head are stacked along the token
 /// axis, so grouped-query attention needs no copies of K and V. Gemma 4's scaling is 1.0 (q and k are
-/// RMS-normed), and the softmax runs in float32 over scores masked with the dtype's lowest value.
+/// RMS-normed), and the softmax computes in float32 over scores masked with the dtype's lowest value.
 fn attend(q: &Tensor, k: &Tensor, v: &Tensor, hidden: &Tensor, kind: Kind) -> Result<Tensor> {
     let (tokens, heads, d) = q.size3()?;
     let kv_heads = k.size()[0];
     let group = heads / kv_heads;
     let q = q.f_permute([1, 0, 2])?.f_reshape([kv_heads, group * tokens, d])?;
-    // Scores as (k · qᵀ)ᵀ: the cache is the left operand and is read where it lies. Written q · kᵀ, the CPU's
-    // batched matmul first copies the transposed cache — every slot, every layer, every step.
-    let scores = k.f_matmul(&q.f_transpose(1, 2)?)?.f_transpose(1, 2)?.f_unflatten(1, [group, tokens])?;
+    // A decode step computes the scores as (k · qᵀ)ᵀ: the cache is the left operand and is read where it lies;
+    // written q · kᵀ, the CPU's batched matmul first copies the transposed cache — every slot, every layer,
+    // every step. A prompt chunk computes q · kᵀ: that copy is shared by the chunk's tokens, and the scores come
+    // out in the layout the mask and the softmax read fast (transposed, each pass over [heads, chunk, slots]
+    // floats is a strided copy).
+    let mut scores = if tokens == 1 {
+        k.f_matmul(&q.f_transpose(1, 2)?)?.f_transpose(1, 2)?
+    } else {
+        q.f_matmul(&k.f_transpose(1, 2)?)?
+    }
+    .f_unflatten(1, [group, tokens])?;
     let lowest = if kind == Kind::BFloat16 { -3.3895313892515355e38 } else { f32::MIN as f64 };
-    let probs = scores.f_masked_fill(hidden, lowest)?.f_softmax(-1, Kind::Float)?.f_to_kind(kind)?;
+    // Transformers takes the softmax in float32 and rounds it to bf16; PyTorch's softmax of a bf16 input does the
+    // same inside one kernel (float32 arithmetic, one rounding: the same bits) without two passes to convert.
+    let probs = scores.f_masked_fill_(hidden, lowest)?.f_softmax(-1, kind)?;
     let out = probs.f_reshape([kv_heads, group * tokens, -1])?.f_matmul(v)?;
     Ok(out.f_view([heads, tokens, d])?.f_permute([1, 0, 2])?.f_reshape([tokens, heads * d])?)
 }

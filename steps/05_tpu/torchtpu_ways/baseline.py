@@ -59,11 +59,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     kv_heads = k.shape[0]
     group = heads // kv_heads
     q = q.permute(1, 0, 2).reshape(kv_heads, group * tokens, d)
-    # (k @ q^T)^T, not q @ k^T: as the left operand the cache is read where it lies; as k^T on the right, the
-    # CPU's batched matmul first copies all of it — every slot, every layer, every step
-    scores = (k @ q.transpose(1, 2)).transpose(1, 2).unflatten(1, (group, tokens))
-    scores = scores.masked_fill(hidden, torch.finfo(q.dtype).min)
-    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    # A decode step: (k @ q^T)^T, so the cache is the left operand and is read where it lies (as k^T on the right,
+    # the CPU's batched matmul first copies all of it, every layer, every step). A prompt chunk: q @ k^T, whose
+    # copy the chunk's tokens share, and whose scores come out in the layout the mask and softmax read fast.
+    if tokens == 1:
+        scores = (k @ q.transpose(1, 2)).transpose(1, 2)
+    else:
+        scores = q @ k.transpose(1, 2)
+    scores = scores.unflatten(1, (group, tokens)).masked_fill_(hidden, torch.finfo(q.dtype).min)
+    # Transformers' softmax(dtype=float32).to(bf16), in one kernel: a bf16 softmax computes in float32, rounds once
+    probs = scores.softmax(-1)
     out = probs.reshape(kv_heads, group * tokens, -1) @ v
     return out.view(heads, tokens, d).permute(1, 0, 2).reshape(tokens, heads * d)
 

@@ -44,10 +44,11 @@ def worker_env(way: str, python: str) -> dict:
 
 # --8<-- [start:run_way]
 def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[int], max_new: int,
-            python: str = sys.executable, batched: bool = True) -> dict:
+            python: str = sys.executable, batched: bool = True, cold: str = "prompt") -> dict:
     """Run one way in a fresh process (`python -m torchtpu_ways.worker` under `python`) and return its row:
     way, torch, available, why, load_s, first_s, graphs, breaks, streamed_tok_s, batched_tok_s, peak_gb,
-    tokens, and for long prompts prompt_len, read_s and read_tok_s. `batched=False` skips the read-every-8 run."""
+    tokens, prompt_len, read_s and read_tok_s. `batched=False` skips the read-every-8 run; `cold="prefix"` makes the
+    cold run read only a prefix with the same chunk shapes (long prompts: one full read, not two)."""
     if way not in WAYS:
         raise ValueError(f"way {way!r}: choose from {', '.join(WAYS)}")
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
@@ -57,7 +58,8 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
         prompt.write_text(json.dumps(list(ids)))
         cmd = [python, "-m", "torchtpu_ways.worker", "--way", way, "--model", str(model), "--device", str(device),
                "--dtype", dtype, "--ctx", str(ctx), "--ids", str(prompt), "--max-new", str(max_new),
-               "--out", str(out), *(["--emb4", str(emb4)] if emb4 else []), *([] if batched else ["--no-batched"])]
+               "--out", str(out), *(["--emb4", str(emb4)] if emb4 else []), *([] if batched else ["--no-batched"]),
+               *(["--cold", cold] if cold != "prompt" else [])]
         proc = subprocess.run(cmd, env=worker_env(way, python), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
         if proc.returncode != 0:

@@ -1,0 +1,190 @@
+"""`make bench`, step 06: the long-prompt experiment at full E2B size on this machine — read and decode speed at
+the article's three prompt lengths, the measured bf16 matmul rate, the fraction of it each read reaches, and the
+project's targets, met or not.
+
+usage: python bench.py [--size e2b] [--ways ...] [--lengths a,b,c] [--max-new 12] [--json PATH] [--chart PNG]
+The checkpoint is the random E2B-shaped one (made once, cached: about 9 GB; `--size tiny` runs the same
+benchmark on the tiny one in seconds). Random weights: the answers are noise, the speeds are real. One fresh
+process per way and length; each reads its prompt in full once.
+"""
+import argparse
+import json
+import time
+
+import torch
+from safetensors import safe_open
+from transformers import AutoTokenizer
+
+from torchtpu_longprompt import build_prompt, default_lengths, shortest
+from torchtpu_longprompt.measure import measure, verdict
+from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_ways.ways import WAYS
+
+
+# --8<-- [start:flops]
+def matmul_flop_s(m: int, k: int, n: int, tries: int = 5) -> float:
+    """The bf16 matrix-multiply rate on a prompt chunk's shape ([m, k] @ [k, n]), best of `tries`."""
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+    a @ b  # the first call sets up the kernel
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best
+
+
+def linear_weights(model_dir) -> int:
+    """Weights every token multiplies by, in a -text checkpoint: the decoder layers' linears (shapes from the checkpoint, so layers
+    that share another's keys and values count no k/v projection) and the per-layer-input projection."""
+    total = 0
+    for shard in sorted(model_dir.glob("*.safetensors")):  # one file or several shards
+        with safe_open(shard, "pt") as f:
+            for name in f.keys():
+                if name.endswith(".weight_shape"):  # a compressed linear's [out, in]
+                    out, inp = f.get_tensor(name).tolist()
+                elif name.endswith("per_layer_model_projection.weight"):  # a plain bf16 matrix
+                    out, inp = f.get_slice(name).get_shape()
+                else:
+                    continue
+                total += out * inp
+    return total
+
+
+def read_gflop_per_token(text: dict, linear: int, n: int, ctx: int) -> tuple[float, float]:
+    """GFLOP per prompt token of reading n tokens: (the model's, what the chunked read does). The model's
+    attention is causal: position p sees p + 1 keys (at most one window in a sliding layer). The read attends
+    over every slot of the fixed-size caches — ctx in a full layer, 2 · window in a sliding one — masked."""
+    window, heads = text["sliding_window"], text["num_attention_heads"]
+    model = done = 2 * linear * n
+    for kind in text["layer_types"][: text["num_hidden_layers"]]:
+        dim = text["global_head_dim"] if kind == "full_attention" else text["head_dim"]
+        per_key = 4 * heads * dim  # q·k and the weighted sum of v: 2 FLOPs per multiply-add, each
+        seen = n * (n + 1) // 2 if kind == "full_attention" else sum(min(p + 1, window) for p in range(n))
+        model += per_key * seen
+        done += per_key * n * (ctx if kind == "full_attention" else 2 * window)
+    head = 2 * text["vocab_size"] * text["hidden_size"]  # logits for the last position only
+    return (model + head) / n / 1e9, (done + head) / n / 1e9
+# --8<-- [end:flops]
+
+
+# --8<-- [start:targets]
+def targets(rows: list[dict], lengths: list[int]) -> list[tuple[str, float | None, str, float]]:
+    """(target, measured ratio, comparison, bound) — each a ratio of figures from this one run."""
+    at = {(r["way"], r["length"]): r for r in rows if r["available"]}
+
+    def ratio(a, b, key):
+        return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
+
+    checks = []
+    for n in lengths:
+        rust, compiled = at.get(("rust-eager", n)), at.get(("python-compile", n))
+        tokens = (rust or compiled or {}).get("prompt_tokens", n)
+        checks.append((f"Rust eager read / Python compile read, {tokens}-token prompt",
+                       ratio(rust, compiled, "read_tok_s"), ">=", 0.9))
+    for way in ("rust-eager", "python-compile"):
+        longest, shortest_row = at.get((way, lengths[-1])), at.get((way, lengths[0]))
+        name = "Rust eager" if way == "rust-eager" else "Python compile"
+        checks.append((f"{name} decode, longest prompt / shortest", ratio(longest, shortest_row, "decode_tok_s"),
+                       ">=", 0.9))
+    return checks
+# --8<-- [end:targets]
+
+
+def chart(rows: list[dict], path: str) -> None:
+    """Read and decode tok/s against prompt length, a line per way."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (read, decode) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for way in dict.fromkeys(r["way"] for r in rows if r["available"]):
+        mine = [r for r in rows if r["way"] == way and r["available"]]
+        x = [r["prompt_tokens"] for r in mine]
+        read.plot(x, [r["read_tok_s"] for r in mine], "o-", label=mine[0]["label"])
+        decode.plot(x, [r["decode_tok_s"] for r in mine], "o-", label=mine[0]["label"])
+    read.set_ylabel("read tok/s")
+    decode.set_ylabel("decode tok/s")
+    for ax in (read, decode):
+        ax.set_xscale("log")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle("Gemma 4 E2B-shaped, random W4A16 weights, on this CPU: speed against prompt length")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="e2b", choices=["e2b", "tiny"], help="which random checkpoint")
+    ap.add_argument("--ways", default="rust-fused,rust-eager,python-compile", help=f"from {', '.join(WAYS)}")
+    ap.add_argument("--lengths", help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16"], help="the matmul rate is measured in bf16")
+    ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
+    ap.add_argument("--max-new", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--chart", metavar="PNG", help="write the plot here (default: beside --json)")
+    args = ap.parse_args()
+
+    folder = checkpoints.cached(args.size)
+    model, emb4 = folder / "text", folder / "emb4"
+    ctx = cli.default_ctx(model)
+    device = devices.choose_device(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config", config)
+    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
+               else default_lengths(ctx, shortest(tokenizer, args.seed)))
+    linear = linear_weights(model)
+    rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
+    print(f"{'E2B-shaped' if args.size == 'e2b' else 'tiny'} checkpoint (random weights), ctx {ctx}, {args.dtype}, on {device}; prompts of {lengths} "
+          f"tokens, {args.max_new} greedy tokens; one fresh process per way and length")
+    print(f"bf16 matmul rate (a [{text['sliding_window']}, {text['hidden_size']}] @ [{text['hidden_size']}, "
+          f"{text['intermediate_size']}] product, best of 5): {rate / 1e9:.0f} GFLOP/s; "
+          f"{linear / 1e9:.2f} G linear weights per token", flush=True)
+
+    print(f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'GFLOP/tok':>10}"
+          f"{'read_fraction':>14}")
+    rows = []
+    for length in lengths:
+        prompt = build_prompt(tokenizer, min(length, ctx - args.max_new), args.seed)
+        model_gflop, done_gflop = read_gflop_per_token(text, linear, len(prompt.ids), ctx)
+        these = []
+        for way in args.ways.split(","):
+            row = measure(way, prompt, tokenizer, model, emb4, str(device), args.dtype, ctx, args.max_new)
+            row.update(length=length, gflop_per_token=model_gflop, done_gflop_per_token=done_gflop)
+            if row["available"]:
+                # --8<-- [start:fraction]
+                row["read_fraction"] = row["read_tok_s"] * model_gflop * 1e9 / rate
+                # --8<-- [end:fraction]
+                print(f"{row['label']:<26}{row['prompt_tokens']:>7}{row['read_s']:>8.1f}{row['read_tok_s']:>11.1f}"
+                      f"{row['decode_tok_s']:>8.2f}{model_gflop:>10.3g}{row['read_fraction']:>14.3f}", flush=True)
+            else:
+                print(f"{row['label']:<26}{row['prompt_tokens']:>7}  n/a: {row['why']}", flush=True)
+            these.append(row)
+        print(f"  prompt of {len(prompt.ids)} tokens: {verdict(these)}; the chunked read does {done_gflop:.2f} "
+              f"GFLOP per token ({model_gflop:.2f} of them the model's)", flush=True)
+        rows += these
+
+    checks = []
+    print("targets (ratios from this run):")
+    for name, value, op, bound in targets(rows, lengths):
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
+        shown = "n/a" if value is None else f"{value:.2f}"
+        print(f"  {name} {op} {bound}: {shown}  {'met' if met else 'not measured' if met is None else 'MISSED'}")
+
+    if args.json:
+        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,
+                           max_new=args.max_new, lengths=lengths, matmul_flop_s=rate, linear_weights=linear,
+                           rows=rows, targets=checks)
+    chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
+    if chart_path:
+        chart(rows, chart_path)
+
+
+if __name__ == "__main__":
+    main()
