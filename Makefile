@@ -25,7 +25,7 @@ RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
 STEP_SOURCES := $(shell find steps -path '*/tests' -prune -o -path '*/target' -prune -o -type f \
 	\( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -path '*/python/*.py*' \) -print)
 
-.PHONY: run test test-copies bench setup clean distclean
+.PHONY: run test bench setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml
@@ -50,14 +50,11 @@ run: setup
 test: setup
 	for s in $(RUST_STEPS); do cargo test --release --quiet --manifest-path "$$s/Cargo.toml"; done
 	python -m pytest
+	@echo "== each step copied out of the repository, installed into its own fresh virtualenv, its tests run there"
+	python -m pytest tests/copy
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
 	python -m pytest tests/site
-
-# Each step copied out of the repository with the steps it needs, installed into a fresh virtualenv from its own
-# files, and its tests run there (14 minutes measured on 2 cores: a fresh torch install per step).
-test-copies: setup
-	python -m pytest tests/copy
 
 # The CPU record at full E2B size (random weights): makes the 9 GB checkpoint once, then runs for a long while.
 bench: setup

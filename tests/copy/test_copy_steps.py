@@ -3,13 +3,16 @@ own files into a fresh virtualenv, and its tests run there. A step that secretly
 imports a sibling by path, or forgets a dependency in its pyproject.toml fails here.
 
 The virtualenv gets only what no pyproject can declare: the build tools used without build isolation (maturin,
-setuptools), pytest, and torch (torch-sys needs it while compiling). Everything else comes from each step's own
-`dependencies`. Downloads come from pip's cache and Rust builds from the shared cargo target dir, as in `make`.
+setuptools), pytest, and torch (torch-sys needs it while compiling; every step pins it). Those are installed once,
+into a base virtualenv, and each step's virtualenv gets hard links to their files: a torch install takes a minute
+and 5 GB, a link takes a second and no space. Everything else comes from each step's own `dependencies`.
+Downloads come from pip's cache and Rust builds from the shared cargo target dir, as in `make`.
 """
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -39,24 +42,57 @@ def torch_pin(step: str) -> str:
     return next(d for d in project(step)["dependencies"] if d.startswith("torch=="))
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_a_copied_step_installs_and_passes_its_tests(step, tmp_path):
-    work = tmp_path / "project"
-    for s in [*needs(step), step]:
-        shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+def site_packages(venv: Path) -> Path:
+    return venv / Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link every file under src into dst, leaving what dst already has (its python, its activate script)."""
+    for path in src.rglob("*"):
+        target = dst / path.relative_to(src)
+        if path.is_dir() and not path.is_symlink():
+            target.mkdir(exist_ok=True)
+        elif not target.exists() and not target.is_symlink():
+            os.link(path, target, follow_symlinks=False)
+
+
+def pip(venv: Path, *args: str, cwd: Path) -> None:
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *args], cwd=cwd,
+                          env=step_env(venv), capture_output=True, text=True)
+    assert proc.returncode == 0, f"pip install {' '.join(args)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def step_env(venv: Path) -> dict:
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
            "LIBTORCH_USE_PYTORCH": "1", "PYTHONPATH": ""}
     env.pop("TORCHTPU_RS_CACHE", None)
+    return env
 
-    def run(*cmd, cwd=work):
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return proc
 
-    run("python", "-m", "pip", "install", "--quiet", "maturin", "setuptools", "pytest", torch_pin(step))
+@pytest.fixture(scope="session")
+def base(tmp_path_factory) -> Path:
+    """A virtualenv with the build tools, pytest and the steps' torch pin, installed once for every copy."""
+    pins = {torch_pin(s) for s in STEPS}
+    assert len(pins) == 1, f"the steps pin different torch releases: {sorted(pins)}"
+    venv = tmp_path_factory.mktemp("base") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip(venv, "maturin", "setuptools", "pytest", *pins, cwd=venv)
+    return venv
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_copied_step_installs_and_passes_its_tests(step, base, tmp_path):
+    work = tmp_path / "project"
     for s in [*needs(step), step]:
-        run("python", "-m", "pip", "install", "--quiet", "--no-build-isolation", f"./{s}")
-    proc = run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=work / step)
+        shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
+    venv = tmp_path / "venv"  # empty: even pip comes from the base, so no package is there twice
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    link_tree(site_packages(base), site_packages(venv))
+    link_tree(base / "bin", venv / "bin")  # the maturin binary the build backend runs
+
+    for s in [*needs(step), step]:
+        pip(venv, "--no-build-isolation", f"./{s}", cwd=work)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=work / step, env=step_env(venv), capture_output=True, text=True)
+    assert proc.returncode == 0, f"the copied {step}'s tests failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert " passed" in proc.stdout.splitlines()[-1]

@@ -1,0 +1,86 @@
+"""`make bench`'s arithmetic — the weights a token multiplies by, the FLOPs of a read, the targets — and the whole
+benchmark run on the tiny checkpoint (its E2B run takes most of an hour)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtpu_rs import checkpoints
+
+BENCH = Path(__file__).resolve().parents[1] / "bench.py"
+spec = importlib.util.spec_from_file_location("bench", BENCH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+@pytest.fixture(scope="module")
+def tiny_text():
+    folder = checkpoints.tiny() / "text"
+    return folder, json.loads((folder / "config.json").read_text())
+
+
+def test_linear_weights_match_the_config(tiny_text):
+    """Counted from the checkpoint's tensors, checked against the architecture written out from the config."""
+    folder, c = tiny_text
+    layers, shared, hidden, ple = (c["num_hidden_layers"], c["num_kv_shared_layers"], c["hidden_size"],
+                                   c["hidden_size_per_layer_input"])
+    expected = hidden * layers * ple  # the per-layer-input projection
+    for i, kind in enumerate(c["layer_types"]):
+        dim = c["global_head_dim"] if kind == "full_attention" else c["head_dim"]
+        expected += 2 * c["num_attention_heads"] * dim * hidden  # q and o
+        if i < layers - shared:  # layers that own their keys and values
+            expected += 2 * c["num_key_value_heads"] * dim * hidden
+        wide = 2 if c["use_double_wide_mlp"] and i >= layers - shared else 1
+        expected += 3 * hidden * wide * c["intermediate_size"] + 2 * hidden * ple
+    assert bench.linear_weights(folder) == expected
+
+
+def test_read_flops(tiny_text):
+    _, c = tiny_text
+    heads, window, ctx, n_full = c["num_attention_heads"], c["sliding_window"], 2048, c["layer_types"].count(
+        "full_attention")
+    per_key = {"full": 4 * heads * c["global_head_dim"], "sliding": 4 * heads * c["head_dim"]}
+    n_sliding = len(c["layer_types"]) - n_full
+    head = 2 * c["vocab_size"] * c["hidden_size"]
+    model, done = bench.read_gflop_per_token(c, 1000, 1, ctx)  # one token sees one key everywhere
+    assert model * 1e9 == pytest.approx(2 * 1000 + n_full * per_key["full"] + n_sliding * per_key["sliding"] + head)
+    n = 4 * window  # past the window: a sliding layer sees at most `window` keys, a full one every earlier token
+    model, done = bench.read_gflop_per_token(c, 0, n, ctx)
+    sliding_keys = window * (window + 1) // 2 + (n - window) * window
+    assert model * 1e9 * n == pytest.approx(n_full * per_key["full"] * n * (n + 1) // 2
+                                            + n_sliding * per_key["sliding"] * sliding_keys + head)
+    assert done * 1e9 * n == pytest.approx(n * (n_full * per_key["full"] * ctx + n_sliding * per_key["sliding"] * 2
+                                                * window) + head)
+
+
+def row(way, length, read, decode):
+    return {"way": way, "length": length, "available": True, "prompt_tokens": length, "read_tok_s": read,
+            "decode_tok_s": decode}
+
+
+def test_targets_are_met_or_missed():
+    rows = [row("rust-eager", 60, 10, 2.0), row("python-compile", 60, 10, 2.0),
+            row("rust-eager", 4000, 8, 1.5), row("python-compile", 4000, 10, 2.0)]
+    checks = {name: value >= bound for name, value, _, bound in bench.targets(rows, [60, 4000])}
+    assert checks == {"Rust eager read / Python compile read, 60-token prompt": True,
+                      "Rust eager read / Python compile read, 4000-token prompt": False,
+                      "Rust eager decode, longest prompt / shortest": False,
+                      "Python compile decode, longest prompt / shortest": True}
+
+
+def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--size", "tiny", "--lengths", "40,600", "--max-new", "4",
+                           "--ways", "rust-fused,rust-eager,python-eager", "--json", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "targets (ratios from this run):" in proc.stdout
+    r = json.loads(out.read_text())
+    assert r["matmul_flop_s"] > 0 and r["linear_weights"] > 0 and r["lengths"] == [40, 600]
+    ran = [x for x in r["rows"] if x["available"]]
+    assert len(ran) == 4 and all(0 < x["read_fraction"] and x["gflop_per_token"] > 0 for x in ran)
+    assert {t["target"] for t in r["targets"]} >= {"Rust eager decode, longest prompt / shortest"}
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
