@@ -13,7 +13,7 @@ import torch
 
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
-from torchtpu_ways.report import identity_lines, table
+from torchtpu_ways.report import identity_lines, judge, table
 from torchtpu_ways.ways import WAYS, label, median_row, run_way
 
 
@@ -124,13 +124,9 @@ def main() -> None:
           f"weights as held (about the GB read per token) plus the runtime")
 
     by_way = {r["way"]: r for r in rows if r["available"]}
-    checks = []
+    checks, lines = judge(targets(by_way))
     print("targets (ratios of medians from this run):")
-    for name, value, op, bound in targets(by_way):
-        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
-        checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
-        shown = "n/a" if value is None else f"{value:.2f}"
-        print(f"  {name} {op} {bound}: {shown}  {'met' if met else 'not measured' if met is None else 'MISSED'}")
+    print("\n".join(lines))
 
     if args.json:
         records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_ways.report import judge
 from torchtpu_ways.ways import WAYS
 
 
@@ -35,8 +36,9 @@ def matmul_flop_s(m: int, k: int, n: int, tries: int = 5) -> float:
 
 
 def linear_weights(model_dir) -> int:
-    """Weights every token multiplies by, in a -text checkpoint: the decoder layers' linears (shapes from the checkpoint, so layers
-    that share another's keys and values count no k/v projection) and the per-layer-input projection."""
+    """Weights every token multiplies by, in a -text checkpoint: the decoder layers' linears (shapes from the
+    checkpoint, so layers that share another's keys and values count no k/v projection) and the per-layer-input
+    projection."""
     total = 0
     for shard in sorted(model_dir.glob("*.safetensors")):  # one file or several shards
         with safe_open(shard, "pt") as f:
@@ -140,7 +142,8 @@ def main() -> None:
                else default_lengths(ctx, shortest(tokenizer, args.seed)))
     linear = linear_weights(model)
     rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
-    print(f"{'E2B-shaped' if args.size == 'e2b' else 'tiny'} checkpoint (random weights), ctx {ctx}, {args.dtype}, on {device}; prompts of {lengths} "
+    name = "E2B-shaped" if args.size == "e2b" else "tiny"
+    print(f"{name} checkpoint (random weights), ctx {ctx}, {args.dtype}, on {device}; prompts of {lengths} "
           f"tokens, {args.max_new} greedy tokens; one fresh process per way and length")
     print(f"bf16 matmul rate (a [{text['sliding_window']}, {text['hidden_size']}] @ [{text['hidden_size']}, "
           f"{text['intermediate_size']}] product, best of 5): {rate / 1e9:.0f} GFLOP/s; "
@@ -169,13 +172,9 @@ def main() -> None:
               f"GFLOP per token ({model_gflop:.2f} of them the model's)", flush=True)
         rows += these
 
-    checks = []
+    checks, lines = judge(targets(rows, lengths))
     print("targets (ratios from this run):")
-    for name, value, op, bound in targets(rows, lengths):
-        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
-        checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
-        shown = "n/a" if value is None else f"{value:.2f}"
-        print(f"  {name} {op} {bound}: {shown}  {'met' if met else 'not measured' if met is None else 'MISSED'}")
+    print("\n".join(lines))
 
     if args.json:
         records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,

@@ -59,7 +59,8 @@ def link_tree(src: Path, dst: Path) -> None:
 def pip(venv: Path, *args: str, cwd: Path) -> None:
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *args], cwd=cwd,
                           env=step_env(venv), capture_output=True, text=True)
-    assert proc.returncode == 0, f"pip install {' '.join(args)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"pip install {' '.join(args)} failed in {cwd}:\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def step_env(venv: Path) -> dict:

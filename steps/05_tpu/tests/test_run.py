@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchtpu_ways.report import judge
 from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
 
 STEP = Path(__file__).resolve().parents[1]
@@ -93,3 +94,9 @@ def test_median_row_label_and_identical_prefix():
     assert label(row) == "Python compile, torch 2.14.1"
     assert label({"way": "rust-eager", "torch": "2.13.0+cu130"}) == "Rust eager, torch 2.13"
     assert identical_prefix([1, 2, 3], [1, 2, 4]) == 2 and identical_prefix([1, 2], [1, 2]) == 2
+
+
+def test_targets_are_judged_met_missed_or_not_measured():
+    checks, lines = judge([("a / b", 1.2, ">=", 0.9), ("c / d", 1.2, "<=", 1.05), ("e / f", None, ">=", 0.9)])
+    assert [c["met"] for c in checks] == [True, False, None]
+    assert [line.split()[-1] for line in lines] == ["met", "MISSED", "measured"]

@@ -28,3 +28,15 @@ def identity_lines(rows: list[dict]) -> list[str]:
         return []
     return [f"{label(r)}: first {identical_prefix(r['tokens'], reference['tokens'])} of {len(reference['tokens'])} "
             f"tokens identical to {label(reference)}" for r in ran.values() if r is not reference]
+
+
+def judge(targets: list[tuple[str, float | None, str, float]]) -> tuple[list[dict], list[str]]:
+    """Each (target, measured ratio, ">=" or "<=", bound) judged: records for the JSON and lines to print.
+    A ratio that could not be measured is "not measured", never met."""
+    checks, lines = [], []
+    for name, value, op, bound in targets:
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
+        shown = "n/a" if value is None else f"{value:.2f}"
+        lines.append(f"  {name} {op} {bound}: {shown}  {'met' if met else 'not measured' if met is None else 'MISSED'}")
+    return checks, lines
