@@ -100,3 +100,13 @@ def test_targets_are_judged_met_missed_or_not_measured():
     checks, lines = judge([("a / b", 1.2, ">=", 0.9), ("c / d", 1.2, "<=", 1.05), ("e / f", None, ">=", 0.9)])
     assert [c["met"] for c in checks] == [True, False, None]
     assert [line.split()[-1] for line in lines] == ["met", "MISSED", "measured"]
+
+
+def test_the_cold_prefix_has_the_prompt_s_chunk_shapes(tiny):
+    from torchtpu_ways.worker import same_shapes_prefix
+
+    window = json.loads((tiny / "text" / "config.json").read_text())["sliding_window"]  # one chunk
+    ids = list(range(3 * window + 5))
+    assert same_shapes_prefix(ids[:window], tiny / "text") == ids[:window]  # one chunk: the whole prompt
+    assert same_shapes_prefix(ids, tiny / "text") == ids[: window + 5]  # a full chunk and the same last one
+    assert same_shapes_prefix(ids[: 3 * window], tiny / "text") == ids[: 2 * window]
