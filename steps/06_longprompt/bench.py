@@ -16,10 +16,12 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import measure, verdict
+from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways.report import judge
-from torchtpu_ways.ways import WAYS
+from torchtpu_ways.ways import NAMES, WAYS
+
+DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in it too
 
 
 # --8<-- [start:flops]
@@ -86,9 +88,8 @@ def targets(rows: list[dict], lengths: list[int]) -> list[tuple[str, float | Non
                        ratio(rust, compiled, "read_tok_s"), ">=", 0.9))
     for way in ("rust-eager", "python-compile"):
         longest, shortest_row = at.get((way, lengths[-1])), at.get((way, lengths[0]))
-        name = "Rust eager" if way == "rust-eager" else "Python compile"
-        checks.append((f"{name} decode, longest prompt / shortest", ratio(longest, shortest_row, "decode_tok_s"),
-                       ">=", 0.9))
+        checks.append((f"{NAMES[way]} decode, longest prompt / shortest",
+                       ratio(longest, shortest_row, "decode_tok_s"), ">=", 0.9))
     return checks
 # --8<-- [end:targets]
 
@@ -121,9 +122,8 @@ def chart(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="e2b", choices=["e2b", "tiny"], help="which random checkpoint")
-    ap.add_argument("--ways", default="rust-fused,rust-eager,python-compile", help=f"from {', '.join(WAYS)}")
+    ap.add_argument("--ways", default=DEFAULT_WAYS, help=f"from {', '.join(WAYS)}")
     ap.add_argument("--lengths", help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16"], help="the matmul rate is measured in bf16")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
     ap.add_argument("--max-new", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
@@ -143,7 +143,7 @@ def main() -> None:
     linear = linear_weights(model)
     rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
     name = "E2B-shaped" if args.size == "e2b" else "tiny"
-    print(f"{name} checkpoint (random weights), ctx {ctx}, {args.dtype}, on {device}; prompts of {lengths} "
+    print(f"{name} checkpoint (random weights), ctx {ctx}, {DTYPE}, on {device}; prompts of {lengths} "
           f"tokens, {args.max_new} greedy tokens; one fresh process per way and length")
     print(f"bf16 matmul rate (a [{text['sliding_window']}, {text['hidden_size']}] @ [{text['hidden_size']}, "
           f"{text['intermediate_size']}] product, best of 5): {rate / 1e9:.0f} GFLOP/s; "
@@ -157,7 +157,7 @@ def main() -> None:
         model_gflop, done_gflop = read_gflop_per_token(text, linear, len(prompt.ids), ctx)
         these = []
         for way in args.ways.split(","):
-            row = measure(way, prompt, tokenizer, model, emb4, str(device), args.dtype, ctx, args.max_new)
+            row = measure(way, prompt, tokenizer, model, emb4, str(device), DTYPE, ctx, args.max_new)
             row.update(length=length, gflop_per_token=model_gflop, done_gflop_per_token=done_gflop)
             if row["available"]:
                 # --8<-- [start:fraction]
@@ -177,7 +177,7 @@ def main() -> None:
     print("\n".join(lines))
 
     if args.json:
-        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,
+        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=DTYPE, ctx=ctx,
                            max_new=args.max_new, lengths=lengths, matmul_flop_s=rate, linear_weights=linear,
                            rows=rows, targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")

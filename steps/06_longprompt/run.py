@@ -11,11 +11,9 @@ import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from transformers import AutoTokenizer
 
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import HEADER, line, measure, verdict
+from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, line, measure, verdict
 from torchtpu_rs import cli, devices, records
 from torchtpu_ways.ways import WAYS
-
-DEFAULT_WAYS = "rust-fused,rust-eager,python-compile"
 
 
 def main() -> None:

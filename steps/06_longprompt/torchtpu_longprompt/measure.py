@@ -7,6 +7,7 @@ from torchtpu_ways.ways import label, run_way
 
 from .haystack import Prompt, parse_answer
 
+DEFAULT_WAYS = "rust-fused,rust-eager,python-compile"  # the article's three ways
 HEADER = f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'answer':>9}  found"
 
 
