@@ -2,13 +2,16 @@
 the article's three prompt lengths, the measured bf16 matmul rate, the fraction of it each read reaches, and the
 project's targets, met or not.
 
-usage: python bench.py [--size e2b] [--ways ...] [--lengths a,b,c] [--max-new 12] [--json PATH] [--chart PNG]
+usage: python bench.py [--size e2b] [--ways ...] [--lengths a,b,c] [--repeats 3,3,1] [--max-new 16]
+                       [--json PATH] [--chart PNG]
 The checkpoint is the random E2B-shaped one (made once, cached: about 9 GB; `--size tiny` runs the same
-benchmark on the tiny one in seconds). Random weights: the answers are noise, the speeds are real. One fresh
-process per way and length; each reads its prompt in full once.
+benchmark on the tiny one in seconds). Random weights: the answers are noise, the speeds are real. Every run is
+a fresh process that reads its prompt in full once (after a cold run over a prefix with the same shapes); at
+each length the ways take turns, `--repeats` times, and each figure is the median of a way's runs.
 """
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -18,6 +21,7 @@ from transformers import AutoTokenizer
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_ways.baseline import chunk_shapes
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import NAMES, WAYS
 
@@ -57,16 +61,19 @@ def linear_weights(model_dir) -> int:
 
 def read_gflop_per_token(text: dict, linear: int, n: int, ctx: int) -> tuple[float, float]:
     """GFLOP per prompt token of reading n tokens: (the model's, what the chunked read does). The model's
-    attention is causal: position p sees p + 1 keys (at most one window in a sliding layer). The read attends
-    over every slot of the fixed-size caches — ctx in a full layer, 2 · window in a sliding one — masked."""
+    attention is causal: position p sees p + 1 keys (at most one window in a sliding layer). The read attends,
+    masked, over all 2 · window slots of a sliding ring and over a chunk's bucket of full-cache slots."""
     window, heads = text["sliding_window"], text["num_attention_heads"]
     model = done = 2 * linear * n
     for kind in text["layer_types"][: text["num_hidden_layers"]]:
         dim = text["global_head_dim"] if kind == "full_attention" else text["head_dim"]
         per_key = 4 * heads * dim  # q·k and the weighted sum of v: 2 FLOPs per multiply-add, each
-        seen = n * (n + 1) // 2 if kind == "full_attention" else sum(min(p + 1, window) for p in range(n))
-        model += per_key * seen
-        done += per_key * n * (ctx if kind == "full_attention" else 2 * window)
+        if kind == "full_attention":
+            model += per_key * n * (n + 1) // 2
+            done += per_key * sum(tokens * slots for tokens, slots in chunk_shapes(n, window, ctx))
+        else:
+            model += per_key * sum(min(p + 1, window) for p in range(n))
+            done += per_key * n * 2 * window
     head = 2 * text["vocab_size"] * text["hidden_size"]  # logits for the last position only
     return (model + head) / n / 1e9, (done + head) / n / 1e9
 # --8<-- [end:flops]
@@ -92,6 +99,17 @@ def targets(rows: list[dict], lengths: list[int]) -> list[tuple[str, float | Non
                        ratio(longest, shortest_row, "decode_tok_s"), ">=", 0.9))
     return checks
 # --8<-- [end:targets]
+
+
+def median_of(runs: list[dict]) -> dict:
+    """One row from a way's runs at one length: each speed the median of the runs (the first run's answer)."""
+    row = dict(runs[0], runs=len(runs))
+    if row["available"]:
+        for key in ("read_s", "read_tok_s", "decode_tok_s"):
+            row[key] = statistics.median(r[key] for r in runs)
+        row["read_tok_s_runs"] = [r["read_tok_s"] for r in runs]
+        row["decode_tok_s_runs"] = [r["decode_tok_s"] for r in runs]
+    return row
 
 
 def chart(rows: list[dict], path: str) -> None:
@@ -125,7 +143,9 @@ def main() -> None:
     ap.add_argument("--ways", default=DEFAULT_WAYS, help=f"from {', '.join(WAYS)}")
     ap.add_argument("--lengths", help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
-    ap.add_argument("--max-new", type=int, default=12)
+    ap.add_argument("--repeats", default="3,3,1",
+                    help="runs per way at each length (one count, or one per length; the 32k read takes minutes)")
+    ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--chart", metavar="PNG", help="write the plot here (default: beside --json)")
@@ -140,11 +160,16 @@ def main() -> None:
     text = config.get("text_config", config)
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else default_lengths(ctx, shortest(tokenizer, args.seed)))
+    repeats = [int(x) for x in args.repeats.split(",")]
+    if len(repeats) == 1:
+        repeats *= len(lengths)
+    if len(repeats) != len(lengths) or min(repeats) < 1:
+        ap.error(f"--repeats {args.repeats}: one count >= 1, or one per length ({len(lengths)})")
     linear = linear_weights(model)
     rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
     name = "E2B-shaped" if args.size == "e2b" else "tiny"
     print(f"{name} checkpoint (random weights), ctx {ctx}, {DTYPE}, on {device}; prompts of {lengths} "
-          f"tokens, {args.max_new} greedy tokens; one fresh process per way and length")
+          f"tokens, {args.max_new} greedy tokens; fresh processes, the ways taking turns, medians of {repeats} runs")
     print(f"bf16 matmul rate (a [{text['sliding_window']}, {text['hidden_size']}] @ [{text['hidden_size']}, "
           f"{text['intermediate_size']}] product, best of 5): {rate / 1e9:.0f} GFLOP/s; "
           f"{linear / 1e9:.2f} G linear weights per token", flush=True)
@@ -152,12 +177,17 @@ def main() -> None:
     print(f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'GFLOP/tok':>10}"
           f"{'read_fraction':>14}")
     rows = []
-    for length in lengths:
+    ways = args.ways.split(",")
+    for length, times in zip(lengths, repeats):
         prompt = build_prompt(tokenizer, min(length, ctx - args.max_new), args.seed)
         model_gflop, done_gflop = read_gflop_per_token(text, linear, len(prompt.ids), ctx)
+        runs = {way: [] for way in ways}
+        for _ in range(times):
+            for way in ways:  # taking turns: a slow minute of a shared machine falls on every way alike
+                runs[way].append(measure(way, prompt, tokenizer, model, emb4, str(device), DTYPE, ctx, args.max_new))
         these = []
-        for way in args.ways.split(","):
-            row = measure(way, prompt, tokenizer, model, emb4, str(device), DTYPE, ctx, args.max_new)
+        for way in ways:
+            row = median_of(runs[way])
             row.update(length=length, gflop_per_token=model_gflop, done_gflop_per_token=done_gflop)
             if row["available"]:
                 # --8<-- [start:fraction]
@@ -178,7 +208,7 @@ def main() -> None:
 
     if args.json:
         records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=DTYPE, ctx=ctx,
-                           max_new=args.max_new, lengths=lengths, matmul_flop_s=rate, linear_weights=linear,
+                           max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate, linear_weights=linear,
                            rows=rows, targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
     if chart_path:

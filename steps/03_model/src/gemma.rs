@@ -2,9 +2,10 @@
 //!
 //! One forward pass works on a chunk of consecutive tokens of one sequence. Keys and values go into fixed-size
 //! caches — a ring of `window + chunk` slots for each sliding layer, `ctx` slots for each full layer — and
-//! every layer attends over all slots of its cache, masking the ones it must not see. A decode step is
-//! therefore the same program with the same shapes every time: what an accelerator that compiles per
-//! shape wants.
+//! every layer attends over its cache, masking the slots it must not see. A decode step attends over all of
+//! them: the same program with the same shapes at every depth, what an accelerator that compiles per shape
+//! wants. A prompt chunk attends over the part of a full cache that can hold what it sees, rounded up to one
+//! of a few bucket sizes: few shapes, and no work on slots that are certainly empty.
 use std::path::Path;
 use std::time::Instant;
 
@@ -161,7 +162,7 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 // --8<-- [end:rope]
 
 // --8<-- [start:attend]
-/// Attention of `q [tokens, heads, d]` over a whole cache `k, v [kv_heads, slots, d]`; `hidden [tokens, slots]`
+/// Attention of `q [tokens, heads, d]` over cache slots `k, v [kv_heads, slots, d]`; `hidden [tokens, slots]`
 /// marks the slots a query must not see. The query heads that share a KV head are stacked along the token
 /// axis, so grouped-query attention needs no copies of K and V. Gemma 4's scaling is 1.0 (q and k are
 /// RMS-normed), and the softmax computes in float32 over scores masked with the dtype's lowest value.
@@ -341,6 +342,22 @@ impl Gemma {
         self.cfg.sliding_window
     }
 
+    // --8<-- [start:full_slots]
+    /// How many slots of a full cache a prompt chunk ending at position `end` (exclusive) attends over. A prompt
+    /// fills a full cache from slot 0 and never wraps it (it is at most `ctx` long), so all the chunk can see lies
+    /// in slots `0..end`. That is rounded up to the chunk length times a power of two, capped at `ctx`: reading
+    /// any prompt then runs at most log2(ctx / chunk) + 2 shapes per chunk length, and a chunk near the start
+    /// of a 33k context does not score 33k empty slots. The rounding adds only masked slots, whose
+    /// probabilities are exactly 0, so the result does not change.
+    pub fn full_slots_for(&self, end: i64, ctx: i64) -> i64 {
+        let mut slots = self.chunk_len();
+        while slots < end {
+            slots *= 2;
+        }
+        slots.min(ctx)
+    }
+    // --8<-- [end:full_slots]
+
     /// Ids as a device tensor.
     pub fn to_device(&self, values: &[i64]) -> Result<Tensor> {
         Ok(on(&Tensor::f_from_slice(values)?, &self.like)?)
@@ -348,12 +365,14 @@ impl Gemma {
 
     // --8<-- [start:forward]
     /// One forward pass over `ids` at positions `pos` (int64 device tensors `[tokens]`), writing their keys
-    /// and values into `cache`. Returns the final-norm hidden states `[tokens, hidden]`; with `hidden`, also
-    /// collects each layer's input (Transformers' `output_hidden_states` convention).
+    /// and values into `cache`; full layers attend over its first `full_slots` slots (`full_slots`, or
+    /// `cache.ctx` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`; with `hidden`,
+    /// also collects each layer's input (Transformers' `output_hidden_states` convention).
     pub fn forward(
         &self,
         ids: &Tensor,
         pos: &Tensor,
+        full_slots: i64,
         cache: &mut Cache,
         mut hidden: Option<&mut Vec<Tensor>>,
     ) -> Result<Tensor> {
@@ -381,6 +400,8 @@ impl Gemma {
             let slots = pos.f_remainder(slot_pos.size()[0])?;
             let _ = slot_pos.f_index_copy_(0, &slots, pos)?;
             let query = pos.f_unsqueeze(1)?;
+            let slot_pos =
+                if a == Attention::Full { slot_pos.f_narrow(0, 0, full_slots)? } else { slot_pos.shallow_clone() };
             let mut visible =
                 slot_pos.f_ge(0)?.f_unsqueeze(0)?.f_logical_and(&slot_pos.f_unsqueeze(0)?.f_le_tensor(&query)?)?;
             if a == Attention::Sliding {
@@ -414,7 +435,9 @@ impl Gemma {
             }
             // KV-shared layers read the cache their source layer (earlier in this same pass) just wrote.
             let (k_cache, v_cache) = cache.kv[layer.kv_source].as_ref().expect("a KV source owns a cache");
-            let attn = linear(&attend(&q, k_cache, v_cache, masked, kind)?, &layer.o_proj)?;
+            let seen = if layer.attention == Attention::Full { full_slots } else { k_cache.size()[1] };
+            let (k_seen, v_seen) = (k_cache.f_narrow(1, 0, seen)?, v_cache.f_narrow(1, 0, seen)?);
+            let attn = linear(&attend(&q, &k_seen, &v_seen, masked, kind)?, &layer.o_proj)?;
             h = h.f_add(&rms_norm(&attn, Some(&layer.post_attention_norm), eps)?)?;
 
             // Feed-forward: down(gelu_tanh(gate(x)) * up(x)); double-wide on KV-shared layers.
@@ -462,10 +485,11 @@ impl Gemma {
             let _ = slot_pos.f_fill_(-1)?; // a fresh cache: every slot empty (the stale keys are masked)
         }
         for (n, chunk) in ids.chunks(self.chunk_len() as usize).enumerate() {
-            let start = n as i64 * self.chunk_len();
-            let pos = self.to_device(&(start..start + chunk.len() as i64).collect::<Vec<_>>())?;
+            let (start, end) = (n as i64 * self.chunk_len(), n as i64 * self.chunk_len() + chunk.len() as i64);
+            let pos = self.to_device(&(start..end).collect::<Vec<_>>())?;
+            let full_slots = self.full_slots_for(end, cache.ctx);
             let mut states = Vec::new();
-            let h = self.forward(&self.to_device(chunk)?, &pos, cache, collect.then_some(&mut states))?;
+            let h = self.forward(&self.to_device(chunk)?, &pos, full_slots, cache, collect.then_some(&mut states))?;
             each(start, h, states)?;
         }
         Ok(())
@@ -502,7 +526,7 @@ impl Gemma {
         let mut pos = self.to_device(&[ids.len() as i64])?;
         let mut pending = Vec::new();
         for step in 1..max_new {
-            let h = self.forward(&token, &pos, cache, None)?;
+            let h = self.forward(&token, &pos, cache.ctx, cache, None)?;
             token = self.head(&h)?.f_argmax(-1, false)?;
             pos = pos.f_add_scalar(1)?;
             pending.push(token.shallow_clone());

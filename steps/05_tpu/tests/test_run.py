@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchtpu_ways.baseline import chunk_shapes, full_slots_for
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
 
@@ -102,11 +103,22 @@ def test_targets_are_judged_met_missed_or_not_measured():
     assert [line.split()[-1] for line in lines] == ["met", "MISSED", "measured"]
 
 
-def test_the_cold_prefix_has_the_prompt_s_chunk_shapes(tiny):
+def test_the_cold_prefix_has_the_prompt_s_chunk_shapes(tiny, ctx):
     from torchtpu_ways.worker import same_shapes_prefix
 
-    window = json.loads((tiny / "text" / "config.json").read_text())["sliding_window"]  # one chunk
-    ids = list(range(3 * window + 5))
-    assert same_shapes_prefix(ids[:window], tiny / "text") == ids[:window]  # one chunk: the whole prompt
-    assert same_shapes_prefix(ids, tiny / "text") == ids[: window + 5]  # a full chunk and the same last one
-    assert same_shapes_prefix(ids[: 3 * window], tiny / "text") == ids[: 2 * window]
+    w = json.loads((tiny / "text" / "config.json").read_text())["sliding_window"]  # one chunk
+    ids = list(range(7 * w + 5))  # whole chunks in buckets of w, 2w, 4w, 4w, 8w, 8w, 8w slots; the last in 8w
+    assert chunk_shapes(len(ids), w, ctx)[-3:] == [(w, 8 * w), (w, 8 * w), (5, 8 * w)]
+    assert same_shapes_prefix(ids[:w], tiny / "text", ctx) == ids[:w]  # one chunk: the whole prompt
+    assert same_shapes_prefix(ids, tiny / "text", ctx) == ids[: 5 * w + 5]  # up to the first chunk in 8w, then 5
+    assert same_shapes_prefix(ids[: 6 * w], tiny / "text", ctx) == ids[: 5 * w]
+    assert same_shapes_prefix(ids[: 4 * w + 5], tiny / "text", ctx) == ids[: 4 * w + 5]  # the last: a new bucket
+
+
+def test_full_slots_round_the_visible_prefix_up_to_few_buckets():
+    # the article's context: 512-token chunks in a 33,024-slot full cache
+    assert [full_slots_for(end, 512, 33024) for end in (1, 512, 513, 4076, 16384, 16385, 32768, 32769)] == \
+        [512, 512, 1024, 4096, 16384, 32768, 32768, 33024]
+    shapes = chunk_shapes(32748, 512, 33024)
+    assert len(shapes) == 64 and len(set(shapes)) == 8  # 7 buckets of whole chunks and the last, 492-token chunk
+    assert all(slots >= min(512 * (i + 1), 32748) for i, (_, slots) in enumerate(shapes))  # never hides a key

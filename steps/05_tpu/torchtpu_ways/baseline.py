@@ -73,6 +73,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     return out.view(heads, tokens, d).permute(1, 0, 2).reshape(tokens, heads * d)
 
 
+# --8<-- [start:full_slots]
+def full_slots_for(end: int, chunk: int, ctx: int) -> int:
+    """How many slots of a full cache a prompt chunk ending at position `end` (exclusive) attends over: all it can
+    see lies in slots 0..end (a prompt fills a full cache from slot 0, never wrapping it), rounded up to `chunk`
+    times a power of two and capped at `ctx` — few shapes to compile, and no scores for slots that are certainly
+    empty. The extra slots are masked: their probabilities are exactly 0 and change nothing."""
+    slots = chunk
+    while slots < end:
+        slots *= 2
+    return min(slots, ctx)
+
+
+def chunk_shapes(n: int, chunk: int, ctx: int) -> list[tuple[int, int]]:
+    """(tokens, full_slots) of each forward pass that reads an n-token prompt: the shapes a compiler sees."""
+    return [(min(chunk, n - start), full_slots_for(min(start + chunk, n), chunk, ctx)) for start in range(0, n, chunk)]
+# --8<-- [end:full_slots]
+
+
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
@@ -190,6 +208,11 @@ class Baseline:
         # dynamic=False: one static-shape graph per input shape (a prompt chunk, a decode step), never a
         # symbolic one. fullgraph=False, so that dynamo reports breaks (see `dynamo_counts`) instead of raising.
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
+        if compile:
+            # A prompt's read compiles a graph per bucket of full_slots for whole chunks, one for the last chunk,
+            # and decoding one more. Past dynamo's limit (8 graphs per function) it would quietly run eager.
+            buckets = len({slots for _, slots in chunk_shapes(ctx, cfg.sliding_window, ctx)})
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * buckets + 1)
         # --8<-- [end:compile]
 
     def weight_bytes_per_token(self) -> int:
@@ -206,9 +229,10 @@ class Baseline:
         return self.cfg.layout()
 
     # --8<-- [start:forward]
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, full_slots: int) -> torch.Tensor:
         """One pass over `ids` at positions `pos` (int64 device tensors [tokens]), writing their keys and values
-        into the cache. Returns the final-norm hidden states [tokens, hidden]."""
+        into the cache; full layers attend over its first `full_slots` slots (all `ctx` for a decode step).
+        Returns the final-norm hidden states [tokens, hidden]."""
         cfg, dtype, eps = self.cfg, self.dtype, self.cfg.rms_norm_eps
         tokens, n_layers, p = ids.shape[0], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
 
@@ -225,6 +249,8 @@ class Baseline:
             slots = pos % slot_pos.shape[0]
             slot_pos.index_copy_(0, slots, pos)
             query = pos.unsqueeze(1)
+            if full:
+                slot_pos = slot_pos[:full_slots]
             visible = (slot_pos >= 0) & (slot_pos <= query)
             if not full:  # key k is visible to query q iff q - window < k <= q
                 visible = visible & (slot_pos > query - cfg.sliding_window)
@@ -245,6 +271,8 @@ class Baseline:
                 v_cache.index_copy_(1, slots, v.transpose(0, 1))
             # KV-shared layers read the cache their source layer (earlier in this pass) just wrote
             k_cache, v_cache = self.cache.kv[layer.kv_source]
+            if layer.full:
+                k_cache, v_cache = k_cache[:, :full_slots], v_cache[:, :full_slots]
             attn = F.linear(attend(q, k_cache, v_cache, masked), layer.o_proj)
             h = h + rms_norm(attn, layer.post_attention_norm, eps)
             # Feed-forward: down(gelu_tanh(gate(x)) * up(x)); double-wide on KV-shared layers
@@ -265,22 +293,24 @@ class Baseline:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     # --8<-- [start:decode_step]
-    def decode_step(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, full_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Read `ids` at `pos` into the cache and pick the next token on the device: returns it ([1], int64) and
-        its position. Tokens and positions stay device tensors — no Python number changes from step to step,
-        so a compiled step is one program, fingerprinted once, whatever the position."""
-        h = self.forward(ids, pos)
+        its position. Tokens and positions stay device tensors and a decode step's `full_slots` is always `ctx` —
+        no Python number changes from step to step, so a compiled step is one program, whatever the position.
+        (A prompt chunk's `full_slots` is a bucket size: one program per bucket.)"""
+        h = self.forward(ids, pos, full_slots)
         token = self.head(h[-1:]).argmax(-1)
         return token, pos[-1:] + 1
     # --8<-- [end:decode_step]
 
     def chunks(self, ids: list[int]):
-        """The prompt in chunks of `window` tokens, as (ids, positions) device tensors."""
+        """The prompt in chunks of `window` tokens: (ids, positions) device tensors and the chunk's full_slots."""
         w = self.cfg.sliding_window
         for start in range(0, len(ids), w):
             chunk = ids[start:start + w]
             yield (torch.tensor(chunk, dtype=torch.int64, device=self.device),
-                   torch.arange(start, start + len(chunk), device=self.device))
+                   torch.arange(start, start + len(chunk), device=self.device),
+                   full_slots_for(start + len(chunk), w, self.ctx))
 
     def check_ids(self, ids: list[int]) -> None:
         """Prompt ids must be in both embedding tables' vocabulary and fit the context (as the engine checks)."""
@@ -304,8 +334,8 @@ class Baseline:
             raise ValueError(f"read_every={read_every}: must be >= 1")
         start = time.perf_counter()
         self.cache.clear()
-        for chunk, positions in self.chunks(ids):
-            token, pos = self.step(chunk, positions)
+        for chunk, positions, slots in self.chunks(ids):
+            token, pos = self.step(chunk, positions, slots)
         if max_new == 0:
             return [], time.perf_counter() - start, 0.0
         tokens = [token.item()]  # the copy to the host also waits for the device
@@ -314,7 +344,7 @@ class Baseline:
         start = time.perf_counter()
         pending = []
         for step in range(1, max_new):
-            token, pos = self.step(token, pos)
+            token, pos = self.step(token, pos, self.ctx)
             pending.append(token)
             if len(pending) == read_every or step == max_new - 1:
                 tokens += torch.cat(pending).tolist()
@@ -331,8 +361,8 @@ class Baseline:
             raise ValueError(f"positions: each must index ids (len {len(ids)})")
         self.cache.clear()
         rows = {}
-        for n, (chunk, chunk_pos) in enumerate(self.chunks(ids)):
-            h = self.forward(chunk, chunk_pos)
+        for n, (chunk, chunk_pos, slots) in enumerate(self.chunks(ids)):
+            h = self.forward(chunk, chunk_pos, slots)
             start = n * self.cfg.sliding_window
             for p in positions:
                 if start <= p < start + len(chunk):

@@ -4,7 +4,7 @@
 a cold run with tokens read every step (`first_s`: the time to the first token, compiling included), then warm
 runs with tokens read every step (`streamed_tok_s`, `read_s`) and every 8 steps (`batched_tok_s`). With
 `--cold prefix` the cold run reads only the shortest prefix of the prompt that has the same chunk shapes, which
-compiles the same graphs: a 32,000-token prompt is then read once, not twice. The Python ways import nothing
+compiles the same graphs: a 32,000-token prompt is then read about one and a half times, not twice. The Python ways import nothing
 from the Rust engine, so they can run under another interpreter and torch.
 """
 import argparse
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .baseline import chunk_shapes
 from .memory import PeakMemory
 
 BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
@@ -31,12 +32,16 @@ def load(way: str, model: str, emb4: str | None, device: torch.device, ctx: int,
     return Baseline(model, emb4, device, ctx, dtype, compile=way == "python-compile")
 
 
-def same_shapes_prefix(ids: list[int], model: str) -> list[int]:
-    """The shortest prefix of `ids` whose read runs the same chunk shapes as reading all of `ids`: one full
-    chunk of `sliding_window` tokens and the same last, partial one (the whole prompt when it is one chunk)."""
+def same_shapes_prefix(ids: list[int], model: str, ctx: int) -> list[int]:
+    """The shortest prefix of `ids` whose read runs the same chunk shapes (tokens, full_slots) as reading all of
+    `ids`: whole chunks up to the first one in the prompt's largest bucket, then a last chunk as long as the
+    prompt's, in the same bucket as the prompt's last."""
     config = json.loads((Path(model) / "config.json").read_text())
     chunk = config.get("text_config", config)["sliding_window"]
-    return ids if len(ids) <= chunk else ids[: chunk + (len(ids) % chunk or chunk)]
+    shapes = set(chunk_shapes(len(ids), chunk, ctx))
+    last = len(ids) % chunk or chunk
+    n = next(n for n in range(last, len(ids) + 1, chunk) if set(chunk_shapes(n, chunk, ctx)) == shapes)
+    return ids[:n]
 
 
 def tok_s(tokens: int, seconds: float) -> float | None:
@@ -52,7 +57,7 @@ def measure(args: argparse.Namespace) -> dict:
     model = load(args.way, args.model, args.emb4, device, args.ctx, args.dtype)
     load_s = time.perf_counter() - start
     # --8<-- [start:runs]
-    cold = ids if args.cold == "prompt" else same_shapes_prefix(ids, args.model)
+    cold = ids if args.cold == "prompt" else same_shapes_prefix(ids, args.model, args.ctx)
     first_s = model.generate(cold, args.max_new, 1)[1]  # cold: compiling happens here
     tokens, read_s, decode_s = model.generate(ids, args.max_new, 1)  # warm: streamed, one token at a time
     batched_s = model.generate(ids, args.max_new, BATCH)[2] if args.batched else None

@@ -52,8 +52,9 @@ def test_read_flops(tiny_text):
     sliding_keys = window * (window + 1) // 2 + (n - window) * window
     assert model * 1e9 * n == pytest.approx(n_full * per_key["full"] * n * (n + 1) // 2
                                             + n_sliding * per_key["sliding"] * sliding_keys + head)
-    assert done * 1e9 * n == pytest.approx(n * (n_full * per_key["full"] * ctx + n_sliding * per_key["sliding"] * 2
-                                                * window) + head)
+    full_slots_scored = window * (1 + 2 + 4 + 4) * window  # chunks ending at w, 2w, 3w, 4w: buckets w, 2w, 4w, 4w
+    assert done * 1e9 * n == pytest.approx(n_full * per_key["full"] * full_slots_scored
+                                           + n * n_sliding * per_key["sliding"] * 2 * window + head)
 
 
 def row(way, length, read, decode):
@@ -73,8 +74,8 @@ def test_targets_are_met_or_missed():
 
 def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--size", "tiny", "--lengths", "40,600", "--max-new", "4",
-                           "--ways", "rust-fused,rust-eager,python-eager", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(BENCH), "--size", "tiny", "--lengths", "40,600", "--repeats", "2,1",
+                           "--max-new", "4", "--ways", "rust-fused,rust-eager,python-eager", "--json", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "targets (ratios from this run):" in proc.stdout
@@ -82,5 +83,14 @@ def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     assert r["matmul_flop_s"] > 0 and r["linear_weights"] > 0 and r["lengths"] == [40, 600]
     ran = [x for x in r["rows"] if x["available"]]
     assert len(ran) == 4 and all(0 < x["read_fraction"] and x["gflop_per_token"] > 0 for x in ran)
+    assert [len(x["read_tok_s_runs"]) for x in ran] == [2, 2, 1, 1] and r["repeats"] == [2, 1]
     assert {t["target"] for t in r["targets"]} >= {"Rust eager decode, longest prompt / shortest"}
     assert (tmp_path / "bench.png").stat().st_size > 10_000
+
+
+def test_a_way_s_runs_become_one_row_of_medians():
+    runs = [dict(row("rust-eager", 40, read, decode), read_s=40 / read, answer=str(read))
+            for read, decode in ((10.0, 2.0), (30.0, 2.2), (20.0, 1.0))]
+    median = bench.median_of(runs)
+    assert (median["read_tok_s"], median["decode_tok_s"], median["read_s"]) == (20.0, 2.0, 2.0)
+    assert median["runs"] == 3 and median["read_tok_s_runs"] == [10.0, 30.0, 20.0] and median["answer"] == "10.0"
