@@ -345,10 +345,10 @@ impl Gemma {
     // --8<-- [start:full_slots]
     /// How many slots of a full cache a prompt chunk ending at position `end` (exclusive) attends over. A prompt
     /// fills a full cache from slot 0 and never wraps it (it is at most `ctx` long), so all the chunk can see lies
-    /// in slots `0..end`. That is rounded up to the chunk length times a power of two, capped at `ctx`: reading
-    /// any prompt then runs at most log2(ctx / chunk) + 2 shapes per chunk length, and a chunk near the start
-    /// of a 33k context does not score 33k empty slots. The rounding adds only masked slots, whose
-    /// probabilities are exactly 0, so the result does not change.
+    /// in slots `0..end`. That is rounded up to the chunk length times a power of two, capped at `ctx`: a handful
+    /// of shapes to compile (eight for E2B's 512-token chunks in a 33,024-token context), and a chunk near the
+    /// start of a long context does not score thousands of empty slots. The rounding adds only masked slots,
+    /// whose probabilities are exactly 0, so the result does not change.
     pub fn full_slots_for(&self, end: i64, ctx: i64) -> i64 {
         let mut slots = self.chunk_len();
         while slots < end {
@@ -365,9 +365,9 @@ impl Gemma {
 
     // --8<-- [start:forward]
     /// One forward pass over `ids` at positions `pos` (int64 device tensors `[tokens]`), writing their keys
-    /// and values into `cache`; full layers attend over its first `full_slots` slots (`full_slots`, or
-    /// `cache.ctx` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`; with `hidden`,
-    /// also collects each layer's input (Transformers' `output_hidden_states` convention).
+    /// and values into `cache`; full layers attend over the cache's first `full_slots` slots (a bucket for a
+    /// prompt chunk, all `cache.ctx` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`;
+    /// with `hidden`, also collects each layer's input (Transformers' `output_hidden_states` convention).
     pub fn forward(
         &self,
         ids: &Tensor,
@@ -485,7 +485,8 @@ impl Gemma {
             let _ = slot_pos.f_fill_(-1)?; // a fresh cache: every slot empty (the stale keys are masked)
         }
         for (n, chunk) in ids.chunks(self.chunk_len() as usize).enumerate() {
-            let (start, end) = (n as i64 * self.chunk_len(), n as i64 * self.chunk_len() + chunk.len() as i64);
+            let start = n as i64 * self.chunk_len();
+            let end = start + chunk.len() as i64;
             let pos = self.to_device(&(start..end).collect::<Vec<_>>())?;
             let full_slots = self.full_slots_for(end, cache.ctx);
             let mut states = Vec::new();
