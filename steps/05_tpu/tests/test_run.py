@@ -11,6 +11,7 @@ import torch
 from torchtpu_ways.baseline import chunk_shapes, full_slots_for
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
+from torchtpu_ways.worker import same_shapes_prefix
 
 STEP = Path(__file__).resolve().parents[1]
 ROOT = STEP.parents[1]
@@ -104,8 +105,6 @@ def test_targets_are_judged_met_missed_or_not_measured():
 
 
 def test_the_cold_prefix_has_the_prompt_s_chunk_shapes(tiny, ctx):
-    from torchtpu_ways.worker import same_shapes_prefix
-
     w = json.loads((tiny / "text" / "config.json").read_text())["sliding_window"]  # one chunk
     ids = list(range(7 * w + 5))  # whole chunks in buckets of w, 2w, 4w, 4w, 8w, 8w, 8w slots; the last in 8w
     assert chunk_shapes(len(ids), w, ctx)[-3:] == [(w, 8 * w), (w, 8 * w), (5, 8 * w)]
@@ -113,6 +112,12 @@ def test_the_cold_prefix_has_the_prompt_s_chunk_shapes(tiny, ctx):
     assert same_shapes_prefix(ids, tiny / "text", ctx) == ids[: 5 * w + 5]  # up to the first chunk in 8w, then 5
     assert same_shapes_prefix(ids[: 6 * w], tiny / "text", ctx) == ids[: 5 * w]
     assert same_shapes_prefix(ids[: 4 * w + 5], tiny / "text", ctx) == ids[: 4 * w + 5]  # the last: a new bucket
+
+
+def test_the_cold_prefix_of_the_article_s_longest_prompt(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"sliding_window": 512}))  # E2B's chunk
+    ids = list(range(32748))  # step 06's longest prompt, in a 33,024-token context
+    assert len(same_shapes_prefix(ids, tmp_path, 33024)) == 33 * 512 + 492  # the first chunk in 32,768, the last
 
 
 def test_full_slots_round_the_visible_prefix_up_to_few_buckets():
