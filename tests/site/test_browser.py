@@ -1,6 +1,9 @@
 """The built site in a real browser: served on 127.0.0.1, every page opened in headless Chromium (Debian's
-`chromium`), no console errors, and screenshots of the home page and the step-05 page (step 04's until
-docs/steps/05_tpu.md exists) written to test-artifacts/.
+`chromium`) in a 1300-pixel-wide window, no console errors, no recorded-run block wider than its column (each
+output block of a page, and each output of the notebook page, measured: no sideways scroll, no right edge past
+the content's), the notebook page showing its recorded outputs and no error output, and screenshots of the
+home page, the step-05 page (step 04's until docs/steps/05_tpu.md exists) and the notebook page written to
+test-artifacts/.
 
 How: the site is served by Python's `http.server` (the class behind `python -m http.server`) on a free port
 of 127.0.0.1, in a thread of the test. Chromium runs with `--headless=new --remote-debugging-pipe`, and the
@@ -32,7 +35,18 @@ import pytest
 BROWSER = "chromium"
 PAGE_TIMEOUT_S = 30
 SETTLE_S = 0.5  # quiet time after the load event before a page counts as done (late scripts, fetches)
-VIEWPORT = {"width": 1280, "height": 2000, "deviceScaleFactor": 1, "mobile": False}
+VIEWPORT = {"width": 1300, "height": 2000, "deviceScaleFactor": 1, "mobile": False}
+NOTEBOOK_PAGE = "notebooks/walkthrough/index.html"
+# recorded-run blocks: output blocks on the pages (every `text` block includes docs/runs/), notebook outputs
+RECORDED_BLOCKS = ".md-typeset .language-text pre > code, .jupyter-wrapper .jp-OutputArea-output pre"
+OVERFLOW_JS = """(() => {
+  const column = document.querySelector(".md-content").getBoundingClientRect().right;
+  return [...document.querySelectorAll(%s)].filter(el => el.getClientRects().length).map(el => ({
+    first: el.textContent.trim().split("\\n")[0].slice(0, 80),
+    scroll: el.scrollWidth, client: el.clientWidth, right: el.getBoundingClientRect().right, column}))
+    .filter(b => b.scroll > b.client + 1 || b.right > b.column + 1);
+})()""" % json.dumps(RECORDED_BLOCKS)
+
 
 
 def browser() -> str:
@@ -192,6 +206,14 @@ def visit(tab, url: str, screenshot: Path | None = None) -> list[tuple[str, str]
     return console_errors(tools.events)
 
 
+def evaluate(tab, expression: str):
+    tools, session = tab
+    reply = tools.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=session)
+    if "exceptionDetails" in reply:
+        raise RuntimeError(f"{expression[:60]}…: {reply['exceptionDetails']}")
+    return reply["result"].get("value")
+
+
 def page_url(base: str, site: Path, page: Path) -> str:
     rel = page.relative_to(site).as_posix()
     return base + (rel[: -len("index.html")] if rel.endswith("index.html") else rel)
@@ -199,7 +221,8 @@ def page_url(base: str, site: Path, page: Path) -> str:
 
 def screenshot_pages(site: Path, docs: Path) -> dict[str, Path]:
     step = "05_tpu" if (docs / "steps" / "05_tpu.md").exists() else "04_parity"
-    return {"home.png": site / "index.html", f"step-{step}.png": site / "steps" / step / "index.html"}
+    return {"home.png": site / "index.html", f"step-{step}.png": site / "steps" / step / "index.html",
+            "notebook.png": site / NOTEBOOK_PAGE}
 
 
 def test_every_page_loads_without_console_errors(site, pages, docs, served, tab, artifacts):
@@ -207,18 +230,45 @@ def test_every_page_loads_without_console_errors(site, pages, docs, served, tab,
     missing = [str(p.relative_to(site)) for p in shots.values() if not p.is_file()]
     assert not missing, f"pages to screenshot are not in the built site (rebuild it): {missing}"
     shot_of = {page: artifacts / name for name, page in shots.items()}
-    failures, elsewhere = [], set()
+    failures, elsewhere, wide, blocks = [], set(), [], 0
     for page in pages:
         for message, url in visit(tab, page_url(served, site, page), shot_of.get(page)):
             if url and not url.startswith(served):
                 elsewhere.add(f"{url}: {message}")  # another host: refused on purpose (no network)
             else:
                 failures.append(f"{page.relative_to(site)}: {message} {url}".rstrip())
+        if page.name == "index.html" and evaluate(tab, "!!document.querySelector('.md-content')"):
+            blocks += evaluate(tab, f"document.querySelectorAll({json.dumps(RECORDED_BLOCKS)}).length")
+            wide += [f"{page.relative_to(site)}: {b['first']!r} is {b['scroll']} px wide in a {b['client']} px box "
+                     f"(right edge {b['right']:.0f}, column {b['column']:.0f})" for b in evaluate(tab, OVERFLOW_JS)]
     for png in shot_of.values():
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"no screenshot {png}"
     if elsewhere:
         print("not loaded (other hosts, refused on purpose):\n" + "\n".join(sorted(elsewhere)))
     assert not failures, f"{len(failures)} console error(s):\n" + "\n".join(failures)
+    assert blocks, f"no recorded-run block found on any page ({RECORDED_BLOCKS})"
+    assert not wide, (f"{len(wide)} recorded-run block(s) wider than the column at {VIEWPORT['width']} px:\n"
+                      + "\n".join(wide))
+
+
+def test_the_notebook_page_shows_its_outputs_and_no_error(site, served, tab):
+    """Every output the notebook holds (the copy the site was built from) is on its page, as text in an output
+    area; none is an error."""
+    page = site / NOTEBOOK_PAGE
+    assert page.is_file(), f"{NOTEBOOK_PAGE} is not in the built site"
+    nb = json.loads((page.parent / "walkthrough.ipynb").read_text(encoding="utf-8"))  # include_source's copy
+    assert not visit(tab, page_url(served, site, page))
+    shown = evaluate(tab, "[...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText).join('\\n')")
+    errors = evaluate(tab, "[...document.querySelectorAll('.jp-OutputArea-output')].filter(e => "
+                           "e.dataset.mimeType === 'application/vnd.jupyter.stderr' && /\\w+(Error|Exception)\\b/"
+                           ".test(e.innerText)).map(e => e.innerText.slice(0, 200))")
+    assert not errors, f"error output on the notebook page: {errors}"
+    lines = [line.split("\r")[-1].strip() for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+             if o["output_type"] == "stream" for line in "".join(o["text"]).replace("\r\n", "\n").split("\n")]
+    lines = [line for line in lines if line]
+    assert lines, "the committed notebook holds no outputs (make run records them)"
+    missing = [line for line in lines if " ".join(line.split()) not in " ".join(shown.split())]
+    assert not missing, f"{len(missing)} of {len(lines)} output lines not on the page, e.g. {missing[:3]}"
 
 
 def test_the_console_check_sees_errors(tab, tmp_path):
