@@ -213,7 +213,7 @@ def test_cache_is_made_once_atomically_and_a_lost_race_uses_the_winner(tmp_path,
         calls.append(Path(out))
         (Path(out) / "text").mkdir()
 
-    monkeypatch.setattr(checkpoints, "make", fake_make)
+    monkeypatch.setattr(checkpoints.cache, "make", fake_make)
     first = checkpoints.tiny(seed=5)
     assert first == checkpoints.cache_path("tiny", "causal", 5) and (first / "text").is_dir()
     assert checkpoints.tiny(seed=5) == first and len(calls) == 1  # a hit makes nothing
@@ -225,7 +225,7 @@ def test_cache_is_made_once_atomically_and_a_lost_race_uses_the_winner(tmp_path,
         (final / "who").write_text("rival")
         fake_make(out, size, layout, seed)
 
-    monkeypatch.setattr(checkpoints, "make", rival_renames_first)
+    monkeypatch.setattr(checkpoints.cache, "make", rival_renames_first)
     won = checkpoints.tiny(seed=6)
     assert (won / "who").read_text() == "rival"
 
@@ -233,7 +233,7 @@ def test_cache_is_made_once_atomically_and_a_lost_race_uses_the_winner(tmp_path,
         fake_make(out, size, layout, seed)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(checkpoints, "make", crash)
+    monkeypatch.setattr(checkpoints.cache, "make", crash)
     with pytest.raises(RuntimeError, match="disk full"):
         checkpoints.tiny(seed=7)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, won.name])  # nothing half-made
