@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
 from torchtpu_rs import checkpoints
+from torchtpu_rs.reference import transformers_model
 
 
 @pytest.fixture(scope="session")
@@ -23,11 +23,3 @@ def tiny_multimodal() -> Path:
 def hf_model():
     """A loader for the reference model: `hf_model(folder, dtype=torch.float32)`."""
     return transformers_model
-
-
-def transformers_model(folder: Path, dtype=torch.float32):
-    """The reference: Transformers with eager attention, weights decompressed the way compressed-tensors
-    does (`dequantize=True`; its default path rounds differently in float32)."""
-    return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation="eager",
-        quantization_config=CompressedTensorsConfig(dequantize=True)).eval()

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 import torchtpu_rs
 from torchtpu_parity import compare
-from torchtpu_parity.compare import reference_model
+from torchtpu_rs.reference import transformers_model
 from torchtpu_rs import checkpoints
 
 RUN = Path(__file__).resolve().parents[1] / "run.py"
@@ -30,7 +30,7 @@ def variant(request):
 def run_compare(variant, dtype, layers=True):
     model, emb4, reference = variant
     engine = torchtpu_rs.Engine(model, emb4, torch.zeros(1), 2048, dtype)
-    return compare(engine, reference_model(reference, dtype), PROMPT, 64, dtype, layers=layers)
+    return compare(engine, transformers_model(reference, dtype), PROMPT, 64, dtype, layers=layers)
 
 
 def test_float32_agrees_to_the_last_token(variant):

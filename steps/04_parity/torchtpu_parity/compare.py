@@ -6,30 +6,15 @@
 - same n of N: how long the two greedy continuations agree;
 - per layer: each hidden state's largest difference, and the first one past tolerance.
 """
-import warnings
-from pathlib import Path
-
 import torch
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig, GenerationConfig
+from transformers import GenerationConfig
 
 import torchtpu_rs
+from torchtpu_rs.prompting import same_prefix
 
 # How far a hidden state may be from Transformers', relative to its largest magnitude: float32 allows
 # summation-order noise, bfloat16 a few roundings of an 8-bit mantissa.
 LAYER_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
-
-
-def reference_model(folder: Path, dtype: str):
-    """Transformers as the reference: eager attention (sdpa's fused kernel rounds differently in bf16) and
-    weights decompressed as compressed-tensors does (`dequantize=True`; the default path upcasts the scales
-    first in float32, one bf16 rounding away from the checkpoint's weights)."""
-    quant = {"quantization_config": CompressedTensorsConfig(dequantize=True)}
-    config = (Path(folder) / "config.json").read_text()
-    with warnings.catch_warnings():  # "the quantization_config from the model will be used": we override on purpose
-        warnings.filterwarnings("ignore", "You passed `quantization_config`")
-        return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=getattr(torch, dtype), attn_implementation="eager",
-            **(quant if "quantization_config" in config else {})).eval()
 
 
 # --8<-- [start:figures]
@@ -43,11 +28,6 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     log_p = torch.log_softmax(p_logits.double(), -1)
     log_q = torch.log_softmax(q_logits.double(), -1)
     return float((log_p.exp() * (log_p - log_q)).sum())
-
-
-def same_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens the two sequences share from the start."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def layer_report(ours: list[torch.Tensor], theirs: list[torch.Tensor], dtype: str) -> list[dict]:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+from torchtpu_rs.reference import transformers_model
 
 from torchtpu_rs import checkpoints
 
@@ -37,10 +37,3 @@ def short_prompt() -> str:
 def hf_model():
     """A loader for the reference model: `hf_model(folder)`, float32."""
     return transformers_model
-
-
-def transformers_model(folder: Path):
-    """The reference: Transformers with eager attention, weights decompressed the way compressed-tensors does."""
-    return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager",
-        quantization_config=CompressedTensorsConfig(dequantize=True)).eval()

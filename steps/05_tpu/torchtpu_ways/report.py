@@ -1,5 +1,7 @@
 """The step-05 table and token-identity lines, shared by run.py and bench.py."""
-from .ways import identical_prefix, label
+from torchtpu_rs.prompting import same_prefix
+
+from .ways import label
 
 COLUMNS = [("load s", "load_s", "{:.2f}"), ("first s", "first_s", "{:.2f}"), ("graphs", "graphs", "{}"),
            ("breaks", "breaks", "{}"), ("streamed", "streamed_tok_s", "{:.1f}"),
@@ -26,7 +28,7 @@ def identity_lines(rows: list[dict]) -> list[str]:
     reference = ran.get("python-compile") or ran.get("python-eager")
     if reference is None:
         return []
-    return [f"{label(r)}: first {identical_prefix(r['tokens'], reference['tokens'])} of {len(reference['tokens'])} "
+    return [f"{label(r)}: first {same_prefix(r['tokens'], reference['tokens'])} of {len(reference['tokens'])} "
             f"tokens identical to {label(reference)}" for r in ran.values() if r is not reference]
 
 

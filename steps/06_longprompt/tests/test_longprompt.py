@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
+from transformers import AutoTokenizer
 
 import torchtpu_rs
+from torchtpu_rs.reference import transformers_model
 from torchtpu_longprompt import build_prompt, parse_answer, shortest
 from torchtpu_rs import checkpoints
 from torchtpu_ways.baseline import Baseline
@@ -68,9 +69,7 @@ def long_prompt(tokenizer):
 def test_chunked_read_equals_an_unchunked_forward(tiny, long_prompt):
     engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
     ours = engine.logits(long_prompt.ids)
-    reference = AutoModelForCausalLM.from_pretrained(
-        tiny / "text", dtype=torch.float32, attn_implementation="eager",
-        quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+    reference = transformers_model(tiny / "text")
     with torch.no_grad():
         theirs = reference(torch.tensor([long_prompt.ids])).logits[0]
     assert (ours - theirs).abs().max().item() <= 1e-4

@@ -7,6 +7,8 @@ import sys
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 
+from pathlib import Path
+
 import torch
 
 from . import _engine
@@ -22,6 +24,21 @@ def _version(package: str) -> str | None:
 def cpu_model() -> str:
     with open("/proc/cpuinfo") as f:
         return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
+def name(path) -> str | None:
+    """How a record names a checkpoint folder: by what it is (`trained-model/causal/text`, a cached random
+    `tiny-causal-seed0-…/text`), or relative to the working directory; never one machine's absolute folders."""
+    from .checkpoints import cache_root
+    from .checkpoints.trained_model import SHIPPED
+
+    if path is None:
+        return None
+    resolved = Path(path).resolve()
+    for base, prefix in ((SHIPPED, "trained-model"), (cache_root().resolve(), "checkpoints")):
+        if resolved.is_relative_to(base):
+            return f"{prefix}/{resolved.relative_to(base)}"
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else str(path)
 
 
 def meta(device: torch.device | str) -> dict:
