@@ -16,18 +16,20 @@ from transformers import AutoTokenizer
 
 import torchtpu_rs
 from torchtpu_parity import compare
-from torchtpu_parity.compare import reference_model
-from torchtpu_rs import cli, records
+from torchtpu_rs.reference import transformers_model
+from torchtpu_rs import cli, prompting, records
 
-PROMPT = "Record 17 : code 610395 . Record 18 : code 220431 . What is the code of record 17 ?"
+# The task the default model learned; its right answer is 220431.
+PROMPT = ("Record 1: code 482913. Record 2: code 705126. Record 3: code 610395. Record 4: code 238470. "
+          "Record 5: code 220431. Record 6: code 957302. What is the code of record 5? Answer:")
 
 
 def prompt_ids(tokenizer, length: int | None) -> list[int]:
     """<bos> and the prompt's tokens; with a length, the prompt repeated and cut to exactly that many ids."""
-    body = tokenizer.encode(PROMPT, add_special_tokens=False)
+    ids = prompting.encode(tokenizer, PROMPT)
     if length is None:
-        return [tokenizer.bos_token_id, *body]
-    return [tokenizer.bos_token_id, *(body * (length // len(body) + 1))][:length]
+        return ids
+    return [ids[0], *(ids[1:] * (length // len(ids) + 1))][:length]
 
 
 def plant_fault(model: Path, layer: int, into: Path) -> Path:
@@ -61,8 +63,9 @@ def main() -> None:
     start = time.perf_counter()
     engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype)
     print(f"load {time.perf_counter() - start:.1f} {engine.layout()}")
-    reference = reference_model(reference_dir, args.dtype)
-    ids = prompt_ids(AutoTokenizer.from_pretrained(args.model), args.prompt_len)
+    reference = transformers_model(reference_dir, args.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ids = prompt_ids(tokenizer, args.prompt_len)
 
     r = compare(engine, reference, ids, args.max_new, args.dtype, layers=args.layers)
     print(f"top5 rust {r['top5_rust']['ids']} {r['top5_rust']['logits']}")
@@ -70,14 +73,20 @@ def main() -> None:
     print(f"max abs diff {r['max_abs_diff']:.4g} KL(hf||rs) {r['kl_hf_rs']:.3g}")
     print(f"same {r['same']} of {r['of']}")
     print(f"first diff {r['first_diff']}")
+    stop = prompting.eos_ids(args.model)
+    answers = {who: tokenizer.decode(prompting.until_stop(r[f"tokens_{who}"], stop), skip_special_tokens=True)
+               for who in ("rust", "hf")}
+    print(f"answer rust {answers['rust']!r}")
+    print(f"answer hf   {answers['hf']!r}")
     if args.layers:
         for row in r["layers"]:
             print(f"  hidden {row['index']:>2} {row['name']:<16} max abs diff {row['max_abs_diff']:.3g}"
                   f"{'' if row['ok'] else '   <-- past tolerance ' + format(row['tolerance'], '.3g')}")
         first_off = next((row for row in r["layers"] if not row["ok"]), None)
         print(f"first layer past tolerance: {first_off['name'] if first_off else 'none'}")
-    records.write_json(args.json, "cpu", model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
-                       reference_model=str(reference_dir), dtype=args.dtype, prompt_ids=ids, **r)
+    records.write_json(args.json, "cpu", model=records.name(args.model), emb4=records.name(args.emb4),
+                       reference_model=records.name(reference_dir), dtype=args.dtype, prompt_ids=ids,
+                       answers=answers, **r)
 
 
 if __name__ == "__main__":
