@@ -100,7 +100,7 @@ def differences(recorded: str, figures: list[float], shown: str) -> list[str]:
         decimals = len(token.split(".")[1]) if "." in token and "e" not in token else 0
         return any(f"{v:.{decimals}f}" == token for v in figures)
 
-    rec, got = recorded.rstrip("\n").split("\n"), shown.rstrip("\n").split("\n")
+    rec, got = recorded.strip("\n").split("\n"), shown.strip("\n").split("\n")
     if len(rec) != len(got):
         return [f"{len(got)} lines, the recorded run has {len(rec)}:\n  recorded: {rec}\n  notebook: {got}"]
     found = []
@@ -203,7 +203,7 @@ def test_quick_variant_runs_without_an_error(tmp_path):
 
     if not (REPO / ".venv" / ".steps").is_file():
         pytest.skip("the steps are not built into .venv (make setup)")
-    nb = nbformat.from_dict(quick_variant(load()))
+    nb = nbformat.reads(json.dumps(quick_variant(load())), as_version=4)  # sources joined, as nbclient wants
     for cell in nb.cells:
         cell.outputs, cell.execution_count = [], None
     assert [f for _, f, _, _ in step_cells(nb)] == list(QUICK_STEPS)
@@ -213,6 +213,21 @@ def test_quick_variant_runs_without_an_error(tmp_path):
     printed = [output_text(c) for c in nb.cells]
     assert "in this repository's own .venv" in printed[0] and "nothing to install" in printed[0], printed[0]
     assert all(text.strip() for text in printed), "a cell printed nothing"
+
+
+def test_a_failing_step_fails_its_cell():
+    """The setup cell makes a `!` command that exits non-zero raise, so a failing script stops "Run all"."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    if not (REPO / ".venv" / ".steps").is_file():
+        pytest.skip("the steps are not built into .venv (make setup)")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(setup_source(load())),
+                                         nbformat.v4.new_code_cell("!.venv/bin/python -c 'raise SystemExit(3)'")])
+    with pytest.raises(CellExecutionError, match="failed with exit code 3"):
+        NotebookClient(nb, kernel_name="python3", timeout=120,
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
 
 
 # ------------------------------------------------------------------------------------- the setup cell
