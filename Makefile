@@ -25,7 +25,7 @@ RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
 STEP_SOURCES := $(shell find steps -path '*/tests' -prune -o -path '*/target' -prune -o -type f \
 	\( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -path '*/python/*.py*' \) -print)
 
-.PHONY: run test bench setup clean distclean
+.PHONY: run test bench train setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml
@@ -60,10 +60,24 @@ test: setup
 bench: setup
 	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
 
+# The default model, trained again from scratch (about an hour on 2 cores; resumes if interrupted), exported,
+# measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped files and
+# their records in docs/runs/train/.
+TRAINED := .cache/train
+train: setup
+	python train/train.py --out $(TRAINED)/run
+	python train/export.py --weights $(TRAINED)/run/model.pt --out $(TRAINED)/export $(if $(SHIP),--ship)
+	python train/evaluate.py --weights $(TRAINED)/run/model.pt --export $(TRAINED)/export \
+		--json $(TRAINED)/evaluate.json --chart $(TRAINED)/accuracy.png --against docs/runs/train/evaluate.json \
+		| tee $(TRAINED)/evaluate.txt
+	python train/curves.py $(TRAINED)/run/log.json $(TRAINED)/loss.png | tee $(TRAINED)/training.txt
+	$(if $(SHIP),cp $(TRAINED)/run/log.json $(TRAINED)/evaluate.* $(TRAINED)/training.txt $(TRAINED)/*.png docs/runs/train/)
+
+# .cache/train (an hour of training) survives `make clean`; `make distclean` removes it too.
 clean:
-	rm -rf .venv site .cache test-artifacts build *.egg-info steps/*/build steps/*/*.egg-info
+	rm -rf .venv site .cache/checkpoints test-artifacts build *.egg-info steps/*/build steps/*/*.egg-info
 	find steps tests tools -name __pycache__ -prune -exec rm -rf {} +
 
 # Also drops the caches shared by every clone: the next build compiles torch-sys again.
 distclean: clean
-	rm -rf $(CARGO_TARGET_DIR)
+	rm -rf .cache $(CARGO_TARGET_DIR)

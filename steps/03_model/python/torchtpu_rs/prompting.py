@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 
+# --8<-- [start:encode]
 def encode(tokenizer, text: str) -> list[int]:
     """Prompt ids as the model expects them: the chat template when the tokenizer has one (the -it model was
     trained on it), and <bos> first: Gemma's tokenizer does not add it, and without it the model echoes."""
@@ -13,6 +14,7 @@ def encode(tokenizer, text: str) -> list[int]:
         ids = tokenizer.encode(text, add_special_tokens=False)
     ids = list(ids)
     return ids if ids[:1] == [tokenizer.bos_token_id] else [tokenizer.bos_token_id, *ids]
+# --8<-- [end:encode]
 
 
 def text_config(model_dir: Path) -> dict:
