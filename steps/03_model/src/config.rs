@@ -1,11 +1,81 @@
-//! The text model's hyper-parameters, read from `config.json`. Nothing about E2B is hard-coded: other
-//! Gemma 4 sizes (more layers, more KV heads) load through the same code.
+//! `config.json`, read once per checkpoint: the text model's hyper-parameters and how its weights are
+//! quantized. Nothing about E2B is hard-coded: other Gemma 4 sizes (more layers, more KV heads) load through
+//! the same code.
 use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
 use crate::error::{invalid, Error, Result};
+
+/// A checkpoint's `config.json`.
+pub struct Config {
+    pub text: TextConfig,
+    /// Columns per scale of the W4A16 weights; None when nothing is quantized.
+    pub group_size: Option<i64>,
+}
+
+impl Config {
+    /// Reads `config.json`: a `Gemma4ForCausalLM` config, or the multimodal layout with a `text_config`.
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::not_found(path, e.to_string()))?;
+        Config::parse(&text, path)
+    }
+
+    /// `path` only names the file in error messages.
+    fn parse(text: &str, path: &Path) -> Result<Config> {
+        let json: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| invalid!("{}: not valid JSON: {e}", path.display()))?;
+        let text_config = json.get("text_config").unwrap_or(&json);
+        let cfg = TextConfig::deserialize(text_config)
+            .map_err(|e| invalid!("{}: not a Gemma 4 text config: {e}", path.display()))?;
+        cfg.check().map_err(|e| invalid!("{}: {e}", path.display()))?;
+        let group_size = match json.get("quantization_config") {
+            Some(q) => group_size(q, path)?,
+            None => None,
+        };
+        Ok(Config { text: cfg, group_size })
+    }
+}
+
+/// The group size of a W4A16 `quantization_config`; any other quantization is refused by name.
+fn group_size(q: &serde_json::Value, path: &Path) -> Result<Option<i64>> {
+    let unsupported = |what: String| Error::Unsupported(format!("{}: quantization_config {what}", path.display()));
+    let method = q["quant_method"].as_str().unwrap_or("");
+    if method != "compressed-tensors" {
+        return Err(unsupported(format!("quant_method {method:?}: only compressed-tensors is implemented")));
+    }
+    let format = q["format"].as_str().unwrap_or("");
+    if format != "pack-quantized" {
+        return Err(unsupported(format!("format {format:?}: only pack-quantized is implemented")));
+    }
+    let groups = q["config_groups"].as_object().ok_or_else(|| unsupported("has no config_groups".into()))?;
+    let mut group_size = None;
+    for (name, group) in groups {
+        let w = &group["weights"];
+        let (bits, sym, strategy) = (w["num_bits"].as_i64(), w["symmetric"].as_bool(), w["strategy"].as_str());
+        if bits != Some(4) || w["type"].as_str() != Some("int") {
+            return Err(unsupported(format!(
+                "{name}: num_bits {bits:?} type {}: only 4-bit int is implemented",
+                w["type"]
+            )));
+        }
+        if sym != Some(true) || strategy != Some("group") {
+            return Err(unsupported(format!(
+                "{name}: symmetric {sym:?} strategy {strategy:?}: only symmetric group scales are implemented"
+            )));
+        }
+        let size = w["group_size"]
+            .as_i64()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| invalid!("{}: {name} has no positive group_size", path.display()))?;
+        if group_size.is_some_and(|g| g != size) {
+            return Err(unsupported(format!("mixes group sizes {group_size:?} and {size}")));
+        }
+        group_size = Some(size);
+    }
+    Ok(group_size)
+}
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct Rope {
@@ -52,25 +122,40 @@ pub struct TextConfig {
     pub rope_parameters: HashMap<String, Rope>,
 }
 
+/// The two kinds of attention layer: a sliding window of recent tokens, or the full context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attention {
+pub enum AttentionKind {
     Sliding,
     Full,
 }
 
-impl TextConfig {
-    /// Reads `config.json`: a `Gemma4ForCausalLM` config, or the multimodal layout with a `text_config`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::not_found(path, e.to_string()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", path.display()))?;
-        let text_config = json.get("text_config").unwrap_or(&json).clone();
-        let cfg: TextConfig = serde_json::from_value(text_config)
-            .map_err(|e| invalid!("{}: not a Gemma 4 text config: {e}", path.display()))?;
-        cfg.check().map_err(|e| invalid!("{}: {e}", path.display()))?;
-        Ok(cfg)
+/// One of something for each attention kind (caches, rotary frequencies, masks).
+pub struct ByKind<T> {
+    pub sliding: T,
+    pub full: T,
+}
+
+impl<T> ByKind<T> {
+    pub fn try_new(mut make: impl FnMut(AttentionKind) -> Result<T>) -> Result<ByKind<T>> {
+        Ok(ByKind { sliding: make(AttentionKind::Sliding)?, full: make(AttentionKind::Full)? })
     }
 
+    pub fn get(&self, kind: AttentionKind) -> &T {
+        match kind {
+            AttentionKind::Sliding => &self.sliding,
+            AttentionKind::Full => &self.full,
+        }
+    }
+
+    pub fn get_mut(&mut self, kind: AttentionKind) -> &mut T {
+        match kind {
+            AttentionKind::Sliding => &mut self.sliding,
+            AttentionKind::Full => &mut self.full,
+        }
+    }
+}
+
+impl TextConfig {
     fn check(&self) -> std::result::Result<(), String> {
         let positive = [
             ("hidden_size", self.hidden_size),
@@ -117,31 +202,31 @@ impl TextConfig {
         Ok(())
     }
 
-    pub fn attention(&self, layer: i64) -> Attention {
+    pub fn attention(&self, layer: i64) -> AttentionKind {
         match self.layer_types[layer as usize].as_str() {
-            "full_attention" => Attention::Full,
-            _ => Attention::Sliding,
+            "full_attention" => AttentionKind::Full,
+            _ => AttentionKind::Sliding,
         }
     }
 
-    pub fn rope(&self, kind: Attention) -> &Rope {
+    pub fn rope(&self, kind: AttentionKind) -> &Rope {
         &self.rope_parameters[match kind {
-            Attention::Full => "full_attention",
-            Attention::Sliding => "sliding_attention",
+            AttentionKind::Full => "full_attention",
+            AttentionKind::Sliding => "sliding_attention",
         }]
     }
 
-    pub fn head_dim(&self, kind: Attention) -> i64 {
+    pub fn head_dim(&self, kind: AttentionKind) -> i64 {
         match kind {
-            Attention::Full => self.global_head_dim.unwrap_or(512),
-            Attention::Sliding => self.head_dim,
+            AttentionKind::Full => self.global_head_dim.unwrap_or(512),
+            AttentionKind::Sliding => self.head_dim,
         }
     }
 
-    pub fn kv_heads(&self, kind: Attention) -> i64 {
+    pub fn kv_heads(&self, kind: AttentionKind) -> i64 {
         match kind {
-            Attention::Full => self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads),
-            Attention::Sliding => self.num_key_value_heads,
+            AttentionKind::Full => self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads),
+            AttentionKind::Sliding => self.num_key_value_heads,
         }
     }
 
@@ -164,17 +249,170 @@ impl TextConfig {
         let wide = self.use_double_wide_mlp && i >= self.first_shared();
         self.intermediate_size * if wide { 2 } else { 1 }
     }
+
+    /// Slots of a sliding layer's ring (see `Layout::sliding_ring_len`).
+    pub fn ring_len(&self) -> i64 {
+        2 * self.sliding_window
+    }
 }
 
 // --8<-- [start:layout]
-/// What the caches look like for a context of `ctx` tokens:
-/// (full-attention rings, sliding rings, KV-shared layers, sliding ring length).
-/// A sliding ring holds `window + chunk` slots with `chunk = window`, so that a prompt chunk of `window`
-/// new tokens still sees the `window` tokens before it.
-pub fn layout(cfg: &TextConfig) -> (i64, i64, i64, i64) {
+/// What the caches look like: which layers own one, and how long a sliding ring is (a full cache holds `ctx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub full_rings: i64,
+    pub sliding_rings: i64,
+    /// Layers that own no cache and read an earlier layer's instead.
+    pub shared_layers: i64,
+    /// `window + chunk` with `chunk = window`: a prompt chunk of `window` new tokens still sees the `window`
+    /// tokens before it.
+    pub sliding_ring_len: i64,
+}
+
+pub fn layout(cfg: &TextConfig) -> Layout {
     let owners = 0..cfg.first_shared();
-    let full = owners.clone().filter(|&i| cfg.attention(i) == Attention::Full).count() as i64;
-    let sliding = owners.count() as i64 - full;
-    (full, sliding, cfg.num_kv_shared_layers, 2 * cfg.sliding_window)
+    let full = owners.clone().filter(|&i| cfg.attention(i) == AttentionKind::Full).count() as i64;
+    Layout {
+        full_rings: full,
+        sliding_rings: owners.count() as i64 - full,
+        shared_layers: cfg.num_kv_shared_layers,
+        sliding_ring_len: cfg.ring_len(),
+    }
 }
 // --8<-- [end:layout]
+
+/// Python sees the layout as a tuple, in the field order.
+impl From<Layout> for (i64, i64, i64, i64) {
+    fn from(l: Layout) -> Self {
+        (l.full_rings, l.sliding_rings, l.shared_layers, l.sliding_ring_len)
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// The real gemma-4-E2B text config (the key layout of the published multimodal config.json).
+    pub fn e2b() -> Value {
+        json!({"text_config": {
+            "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8,
+            "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": null,
+            "hidden_size_per_layer_input": 256, "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+            "num_kv_shared_layers": 20, "use_double_wide_mlp": true, "attention_k_eq_v": false,
+            "sliding_window": 512, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+            "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": (0..35).map(|i| if i % 5 == 4 { "full_attention" } else { "sliding_attention" })
+                .collect::<Vec<_>>(),
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}
+            }
+        }})
+    }
+
+    /// compressed-tensors' W4A16 config with one group of `weights` settings.
+    fn w4a16(weights: Value) -> Value {
+        json!({"quant_method": "compressed-tensors", "format": "pack-quantized",
+               "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}})
+    }
+
+    fn int4(group_size: i64) -> Value {
+        json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": group_size})
+    }
+
+    pub fn parse(config: &Value) -> Result<Config> {
+        Config::parse(&config.to_string(), Path::new("config.json"))
+    }
+
+    fn message(config: &Value) -> String {
+        parse(config).err().expect("the config should be refused").to_string()
+    }
+
+    #[test]
+    fn e2b_layout_and_kv_sources() {
+        let cfg = parse(&e2b()).unwrap().text;
+        let want = Layout { full_rings: 3, sliding_rings: 12, shared_layers: 20, sliding_ring_len: 1024 };
+        assert_eq!(layout(&cfg), want);
+        assert_eq!(<(i64, i64, i64, i64)>::from(want), (3, 12, 20, 1024));
+        // layers 0..15 own their caches; the shared ones read the last owner of their kind: 13 (sliding), 14 (full)
+        assert!((0..15).all(|i| cfg.kv_source(i) == i));
+        assert_eq!(cfg.kv_source(15), 13);
+        assert_eq!(cfg.kv_source(19), 14);
+        assert_eq!(cfg.kv_source(34), 14);
+        assert_eq!((cfg.intermediate(14), cfg.intermediate(15)), (6144, 12288)); // double-wide when shared
+        assert_eq!((cfg.head_dim(AttentionKind::Full), cfg.kv_heads(AttentionKind::Full)), (512, 1));
+    }
+
+    #[test]
+    fn a_causal_layout_config_reads_the_same() {
+        let multimodal = parse(&e2b()).unwrap().text;
+        let causal = parse(&e2b()["text_config"]).unwrap().text;
+        assert_eq!(layout(&causal), layout(&multimodal));
+    }
+
+    #[test]
+    fn quantization_config_gives_the_group_size() {
+        assert_eq!(parse(&e2b()).unwrap().group_size, None);
+        let mut config = e2b();
+        config["quantization_config"] = w4a16(int4(32));
+        assert_eq!(parse(&config).unwrap().group_size, Some(32));
+    }
+
+    #[test]
+    fn other_quantizations_are_refused_by_name() {
+        let cases = [
+            (json!({"quant_method": "gptq"}), "quant_method \"gptq\""),
+            (json!({"quant_method": "compressed-tensors", "format": "float-quantized"}), "\"float-quantized\""),
+            (w4a16(json!({"num_bits": 8, "type": "int"})), "num_bits Some(8)"),
+            (w4a16(json!({"num_bits": 4, "type": "float"})), "type \"float\""),
+            (
+                w4a16(json!({"num_bits": 4, "type": "int", "symmetric": false, "strategy": "group"})),
+                "symmetric Some(false)",
+            ),
+            (w4a16(json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "channel"})), "\"channel\""),
+        ];
+        for (q, words) in cases {
+            let mut config = e2b();
+            config["quantization_config"] = q;
+            let e = parse(&config).err().expect("refused");
+            assert!(matches!(e, Error::Unsupported(_)), "{e}");
+            assert!(e.to_string().contains(words), "{e} should say {words}");
+        }
+        let mut config = e2b();
+        config["quantization_config"] = w4a16(int4(0));
+        assert!(message(&config).contains("no positive group_size"));
+        let mut q = w4a16(int4(32));
+        q["config_groups"]["group_1"] = json!({"weights": int4(64)});
+        config["quantization_config"] = q;
+        assert!(message(&config).contains("mixes group sizes"));
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_the_reason() {
+        let garbled = Config::parse("{not json", Path::new("c.json")).err().expect("refused");
+        assert!(matches!(&garbled, Error::Invalid(m) if m.starts_with("c.json: not valid JSON")), "{garbled}");
+        // (key of the text config, its new value or None to remove it, what the message must say)
+        let cases = [
+            ("hidden_size", None, "hidden_size"),
+            ("head_dim", Some(json!(0)), "head_dim must be positive"),
+            ("num_hidden_layers", Some(json!(34)), "35 layer_types for 34 layers"),
+            ("layer_types", Some(json!(vec!["chunked_attention"; 35])), "unknown layer type"),
+            ("hidden_activation", Some(json!("gelu")), "not gelu_pytorch_tanh"),
+            ("attention_k_eq_v", Some(json!(true)), "attention_k_eq_v"),
+            ("num_kv_shared_layers", Some(json!(35)), "num_kv_shared_layers 35 out of range"),
+            // 33 shared layers leave sliding layers 0 and 1 as the only owners: a full layer has none to share
+            ("num_kv_shared_layers", Some(json!(33)), "KV-shared full_attention layer has no earlier"),
+        ];
+        for (key, value, words) in cases {
+            let mut config = e2b();
+            let text = config["text_config"].as_object_mut().unwrap();
+            match value {
+                Some(v) => text.insert(key.into(), v),
+                None => text.remove(key),
+            };
+            let m = message(&config);
+            assert!(m.starts_with("config.json: ") && m.contains(words), "{m} should say {words}");
+        }
+    }
+}

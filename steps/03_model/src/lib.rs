@@ -14,13 +14,14 @@ use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple};
 use tch::{Kind, Tensor};
 
 use bridge::{give, take, torch_error};
-use config::TextConfig;
+use config::{Config, TextConfig};
 use error::Error;
-use gemma::{Cache, Gemma};
+use gemma::{Cache, Gemma, Generation};
+use weights::Checkpoint;
 
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
@@ -56,7 +57,7 @@ struct Engine {
     state: Mutex<State>,
 }
 
-fn compute_kind(dtype: &str) -> PyResult<Kind> {
+fn compute_dtype(dtype: &str) -> PyResult<Kind> {
     match dtype {
         "bfloat16" => Ok(Kind::BFloat16),
         "float32" => Ok(Kind::Float),
@@ -84,20 +85,18 @@ impl Engine {
         dtype: &str,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        if !model_dir.is_dir() {
-            return Err(Error::not_found(&model_dir, "no such checkpoint folder").into());
-        }
-        let kind = compute_kind(dtype)?;
+        let dtype = compute_dtype(dtype)?;
         let like = take(like, "Engine(like)")?;
-        let cfg = TextConfig::from_file(&model_dir.join("config.json"))?;
-        check_ctx(ctx, &cfg)?;
+        let checkpoint = Checkpoint::open(&model_dir)?;
+        check_ctx(ctx, &checkpoint.config.text)?;
+        let twin = emb4_dir.as_deref().map(Checkpoint::open).transpose()?;
         let mut report_error = None;
         let mut report = |done: usize, total: usize| {
             if let (Some(callback), None) = (&progress, &report_error) {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let model = Gemma::load(&model_dir, emb4_dir.as_deref(), &like, kind, &mut report)?;
+        let model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, &mut report)?;
         if let Some(e) = report_error {
             return Err(e);
         }
@@ -107,25 +106,34 @@ impl Engine {
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
     fn layout(&self) -> PyResult<(i64, i64, i64, i64)> {
-        Ok(config::layout(&self.state()?.model.cfg))
+        Ok(config::layout(&self.state()?.model.cfg).into())
     }
 
-    /// generate(ids, max_new, read_every=1) -> (tokens, read_s, decode_s)
+    /// generate(ids, max_new, read_every=1, stop=None) -> (tokens, read_s, decode_s)
     ///
-    /// Exactly `max_new` greedy tokens after the prompt `ids`. read_s: the prompt read, which also yields the
-    /// first token; decode_s: the other max_new - 1 steps. Tokens reach the host every `read_every` steps.
-    #[pyo3(signature = (ids, max_new, read_every = 1))]
+    /// Greedy tokens after the prompt `ids`: exactly `max_new` of them, or with `stop` (a list, tuple or set
+    /// of token ids) up to and including the first one in `stop`. read_s: the prompt read, which also yields
+    /// the first token; decode_s: the decode steps made after it, so decode tok/s = (len(tokens) - 1) /
+    /// decode_s. Tokens reach the host every `read_every` steps, and a stop is seen only then: with
+    /// read_every > 1, up to read_every - 1 steps past it are made, dropped, and counted in decode_s.
+    #[pyo3(signature = (ids, max_new, read_every = 1, stop = None))]
     fn generate(
         &self,
         py: Python<'_>,
         ids: &Bound<'_, PyAny>,
         max_new: i64,
         read_every: i64,
+        stop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<i64>, f64, f64)> {
         let ids = token_ids(ids, "generate(ids)")?;
+        let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
+        let vocab = vocabulary(&state.model.cfg);
+        if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
+        }
         if max_new < 0 || ids.len() as i64 + max_new > ctx {
             return Err(PyValueError::new_err(format!(
                 "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({} + {max_new} > {ctx})",
@@ -135,10 +143,12 @@ impl Engine {
         if read_every < 1 {
             return Err(PyValueError::new_err(format!("read_every={read_every}: must be >= 1")));
         }
-        let state: &mut State = &mut state; // `&mut` is Send where `&` would need Sync, which tensors are not
-                                            // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if
-                                            // they touch this engine).
-        Ok(py.detach(move || state.model.generate(&ids, max_new, read_every, &mut state.cache))?)
+        // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if they
+        // touch this engine). `&mut` is Send where `&` would need Sync, which tensors are not.
+        let state: &mut State = &mut state;
+        let Generation { tokens, read_s, decode_s } =
+            py.detach(move || state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache))?;
+        Ok((tokens, read_s, decode_s))
     }
 
     /// logits(ids, positions=None) -> torch.Tensor
@@ -163,10 +173,10 @@ impl Engine {
         }
         let State { model, cache } = &mut *state;
         let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
-        model.read(&ids, cache, false, |start, h, _| {
+        model.read(&ids, cache, false, |start, out, _| {
             for (slot, &p) in rows.iter_mut().zip(&positions) {
-                if (start..start + h.size()[0]).contains(&p) {
-                    let row = model.head(&h.f_narrow(0, p - start, 1)?)?;
+                if (start..start + out.size()[0]).contains(&p) {
+                    let row = model.head(&out.f_narrow(0, p - start, 1)?)?;
                     *slot = Some(row.f_to_kind(Kind::Float)?);
                 }
             }
@@ -213,10 +223,17 @@ impl Engine {
 
     fn __repr__(&self) -> PyResult<String> {
         let state = self.state()?;
-        let (full, sliding, shared, ring) = config::layout(&state.model.cfg);
+        let (cfg, ctx) = (&state.model.cfg, state.cache.ctx);
+        let layout = config::layout(cfg);
         Ok(format!(
-            "Engine(layers={}, dtype={:?}, ctx={}, full_rings={full}, sliding_rings={sliding}, shared_layers={shared}, sliding_ring_len={ring})",
-            state.model.cfg.num_hidden_layers, state.model.kind, state.cache.ctx
+            "Engine(layers={}, dtype={:?}, ctx={ctx}, full_rings={}, sliding_rings={}, shared_layers={}, \
+             sliding_ring_len={})",
+            cfg.num_hidden_layers,
+            state.model.dtype,
+            layout.full_rings,
+            layout.sliding_rings,
+            layout.shared_layers,
+            layout.sliding_ring_len
         ))
     }
 }
@@ -227,7 +244,8 @@ impl Engine {
     fn state(&self) -> PyResult<MutexGuard<'_, State>> {
         if std::thread::current().id() != self.owner {
             return Err(PyRuntimeError::new_err(
-                "Engine: called from a thread other than the one that created it; create the Engine in the thread that uses it",
+                "Engine: called from a thread other than the one that created it; \
+                 create the Engine in the thread that uses it",
             ));
         }
         self.state
@@ -246,7 +264,34 @@ fn token_ids(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
         .map_err(|e| wrong(format!("got {}: {e}", obj.get_type().name().map_or("?".into(), |n| n.to_string()))))
 }
 
-/// Prompt ids must be in the vocabulary (of both embedding tables) and fit the context.
+/// Stop ids from Python: a list, tuple or set of ints; anything else is a TypeError that names `stop`.
+fn stop_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let type_name = |o: &Bound<'_, PyAny>| o.get_type().name().map_or("?".into(), |n| n.to_string());
+    let collection = obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>();
+    if !collection {
+        let got = format!("{} {}", type_name(obj), obj.repr().map_or("?".into(), |r| r.to_string()));
+        return Err(PyTypeError::new_err(format!("stop: expected a list, tuple or set of ints, got {got}")));
+    }
+    obj.try_iter()?
+        .map(|item| {
+            let item = item?;
+            item.extract::<i64>().map_err(|_| {
+                let got = format!("{} {}", type_name(&item), item.repr().map_or("?".into(), |r| r.to_string()));
+                PyTypeError::new_err(format!("stop: expected ints, got {got}"))
+            })
+        })
+        .collect()
+}
+
+/// The ids both embedding tables hold: what a prompt may contain.
+fn vocabulary(cfg: &TextConfig) -> i64 {
+    cfg.vocab_size.min(cfg.vocab_size_per_layer_input)
+}
+
+/// Prompt ids must be in the vocabulary and fit the context.
 fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
     if ids.is_empty() {
         return Err(PyValueError::new_err("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)"));
@@ -254,7 +299,7 @@ fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
     if ids.len() as i64 > ctx {
         return Err(PyValueError::new_err(format!("ids: {} tokens do not fit ctx={ctx}", ids.len())));
     }
-    let vocab = cfg.vocab_size.min(cfg.vocab_size_per_layer_input);
+    let vocab = vocabulary(cfg);
     if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id >= vocab) {
         return Err(PyValueError::new_err(format!("ids[{i}] = {id} is outside the vocabulary [0, {vocab})")));
     }
@@ -266,9 +311,9 @@ fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
 /// The cache layout an Engine would have, from a config.json alone (no weights needed).
 #[pyfunction]
 fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> {
-    let cfg = TextConfig::from_file(&config_json)?;
+    let cfg = Config::from_file(&config_json)?.text;
     check_ctx(ctx, &cfg)?;
-    Ok(config::layout(&cfg))
+    Ok(config::layout(&cfg).into())
 }
 
 /// The Rust half of torchtpu_rs: `Engine`, `layout_for`, and the versions it was built with.

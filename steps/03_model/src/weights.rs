@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
+use crate::config::Config;
 use crate::error::{invalid, Error, Result};
 
 struct Shard {
@@ -26,19 +27,20 @@ struct Shard {
 /// A checkpoint folder: `config.json` plus `model.safetensors` or `model.safetensors.index.json` + shards.
 pub struct Checkpoint {
     pub dir: PathBuf,
+    pub config: Config,
     shards: Vec<Shard>,
     tensors: HashMap<String, (usize, TensorInfo)>,
     /// `model.` (Gemma4ForCausalLM) or `model.language_model.` (Gemma4ForConditionalGeneration).
     pub prefix: &'static str,
-    group_size: Option<i64>,
 }
 
 impl Checkpoint {
+    /// Reads the folder's `config.json` and the safetensors headers; tensors are read when asked for.
     pub fn open(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             return Err(Error::not_found(dir, "no such checkpoint folder"));
         }
-        let group_size = quantization(&dir.join("config.json"))?;
+        let config = Config::from_file(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<String> = if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::not_found(&index, e.to_string()))?;
@@ -71,7 +73,7 @@ impl Checkpoint {
         } else {
             "model."
         };
-        Ok(Checkpoint { dir: dir.to_path_buf(), shards, tensors, prefix, group_size })
+        Ok(Checkpoint { dir: dir.to_path_buf(), config, shards, tensors, prefix })
     }
 
     fn full_name(&self, name: &str) -> String {
@@ -111,15 +113,17 @@ impl Checkpoint {
         Ok(host)
     }
 
-    /// A dense tensor moved to `like`'s device as `kind`.
-    pub fn dense(&self, name: &str, shape: &[i64], kind: Kind, like: &Tensor) -> Result<Tensor> {
+    /// A dense tensor moved to `like`'s device as `dtype`.
+    pub fn dense(&self, name: &str, shape: &[i64], dtype: Kind, like: &Tensor) -> Result<Tensor> {
         let host = self.read(name, &[Dtype::BF16, Dtype::F16, Dtype::F32], shape)?;
-        Ok(on(&host.f_to_kind(kind)?, like)?)
+        Ok(on(&host.f_to_kind(dtype)?, like)?)
     }
 
-    /// A packed int4 matrix `[rows, cols]` as stored: `weight_packed`, `weight_scale`, `weight_shape`.
-    pub fn packed(&self, module: &str, rows: i64, cols: i64, like: &Tensor) -> Result<Packed> {
+    /// A packed int4 matrix `[rows, cols]` as stored, on the host: `weight_packed`, `weight_scale`,
+    /// `weight_shape`.
+    pub fn packed(&self, module: &str, rows: i64, cols: i64) -> Result<Packed> {
         let group = self
+            .config
             .group_size
             .ok_or_else(|| invalid!("{} is packed but config.json has no quantization_config", self.where_(module)))?;
         if cols % group != 0 {
@@ -133,19 +137,18 @@ impl Checkpoint {
         }
         let packed = self.read(&format!("{module}.weight_packed"), &[Dtype::I32], &[rows, (cols + 7) / 8])?;
         let scale = self.read(&format!("{module}.weight_scale"), &[Dtype::BF16, Dtype::F16], &[rows, cols / group])?;
-        let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
-        Ok(Packed { packed: on(&packed, like)?, scale: on(&scale, like)?, shifts: on(&shifts, like)?, cols })
+        Packed::new(packed, scale, cols)
     }
 
-    /// A linear layer's weight `[out, in]` in `kind` on like's device: unpacked once if stored packed.
-    pub fn linear(&self, module: &str, out: i64, inp: i64, kind: Kind, like: &Tensor) -> Result<Tensor> {
+    /// A linear layer's weight `[out, in]` in `dtype` on like's device: unpacked once, on the host, if stored
+    /// packed.
+    pub fn linear(&self, module: &str, out: i64, inp: i64, dtype: Kind, like: &Tensor) -> Result<Tensor> {
         let packed = format!("{module}.weight_packed");
         if self.has(&packed) {
-            let host = Tensor::f_zeros([1], (Kind::Float, Device::Cpu))?;
-            let w = self.packed(module, out, inp, &host)?.dequantize()?;
-            Ok(on(&w.f_to_kind(kind)?, like)?)
+            let w = self.packed(module, out, inp)?.dequantize()?;
+            Ok(on(&w.f_to_kind(dtype)?, like)?)
         } else if self.has(&format!("{module}.weight")) {
-            self.dense(&format!("{module}.weight"), &[out, inp], kind, like)
+            self.dense(&format!("{module}.weight"), &[out, inp], dtype, like)
         } else {
             Err(invalid!("missing {} (nor a dense .weight)", self.where_(&packed)))
         }
@@ -164,6 +167,17 @@ pub struct Packed {
 }
 
 impl Packed {
+    fn new(packed: Tensor, scale: Tensor, cols: i64) -> Result<Packed> {
+        let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
+        Ok(Packed { packed, scale, shifts, cols })
+    }
+
+    /// The same matrix, still packed, on like's device.
+    pub fn on(&self, like: &Tensor) -> Result<Packed> {
+        let (packed, scale, shifts) = (on(&self.packed, like)?, on(&self.scale, like)?, on(&self.shifts, like)?);
+        Ok(Packed { packed, scale, shifts, cols: self.cols })
+    }
+
     fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
         let nibbles = packed.f_unsqueeze(-1)?.f_bitwise_right_shift(shifts)?.f_bitwise_and(0xF)?;
         let q = nibbles.f_flatten(-2, -1)?.f_narrow(-1, 0, cols)?.f_sub_scalar(8)?; // offset binary -> [-8, 7]
@@ -201,47 +215,56 @@ fn kind_of(dtype: Dtype) -> Kind {
     }
 }
 
-/// The group size of a W4A16 checkpoint (None when it is not quantized); anything else is refused by name.
-fn quantization(config: &Path) -> Result<Option<i64>> {
-    let text = std::fs::read_to_string(config).map_err(|e| Error::not_found(config, e.to_string()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", config.display()))?;
-    let Some(q) = json.get("quantization_config") else {
-        return Ok(None);
-    };
-    let unsupported = |what: String| Error::Unsupported(format!("{}: quantization_config {what}", config.display()));
-    let method = q["quant_method"].as_str().unwrap_or("");
-    if method != "compressed-tensors" {
-        return Err(unsupported(format!("quant_method {method:?}: only compressed-tensors is implemented")));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eight 4-bit values per int32 word, low nibble first, each stored as `q + 8`.
+    fn word(nibbles: [i64; 8]) -> i32 {
+        nibbles.iter().rev().fold(0u32, |w, &n| (w << 4) | n as u32) as i32
     }
-    let format = q["format"].as_str().unwrap_or("");
-    if format != "pack-quantized" {
-        return Err(unsupported(format!("format {format:?}: only pack-quantized is implemented")));
+
+    #[test]
+    fn words_unpack_low_nibble_first_as_offset_binary() {
+        assert_eq!(word([0, 1, 2, 3, 4, 5, 6, 7]), 0x7654_3210);
+        // the second word has its top bit set: the arithmetic right shift must not leak sign bits into a nibble
+        let words = Tensor::from_slice(&[0x7654_3210, word([8, 9, 10, 11, 12, 13, 14, 15])]).view([1, 2]);
+        let scale = Tensor::from_slice(&[1f32, 1.0]).view([1, 2]).to_kind(Kind::BFloat16);
+        let w = Packed::new(words, scale, 16).unwrap().dequantize().unwrap();
+        assert_eq!(w.kind(), Kind::BFloat16);
+        let want: Vec<f32> = (-8..8).map(|q| q as f32).collect();
+        assert_eq!(Vec::<f32>::try_from(w.view([-1]).to_kind(Kind::Float)).unwrap(), want);
     }
-    let groups = q["config_groups"].as_object().ok_or_else(|| unsupported("has no config_groups".into()))?;
-    let mut group_size = None;
-    for (name, group) in groups {
-        let w = &group["weights"];
-        let (bits, sym, strategy) = (w["num_bits"].as_i64(), w["symmetric"].as_bool(), w["strategy"].as_str());
-        if bits != Some(4) || w["type"].as_str() != Some("int") {
-            return Err(unsupported(format!(
-                "{name}: num_bits {bits:?} type {}: only 4-bit int is implemented",
-                w["type"]
-            )));
-        }
-        if sym != Some(true) || strategy != Some("group") {
-            return Err(unsupported(format!(
-                "{name}: symmetric {sym:?} strategy {strategy:?}: only symmetric group scales are implemented"
-            )));
-        }
-        let size = w["group_size"]
-            .as_i64()
-            .filter(|&g| g > 0)
-            .ok_or_else(|| invalid!("{}: {name} has no positive group_size", config.display()))?;
-        if group_size.is_some_and(|g| g != size) {
-            return Err(unsupported(format!("mixes group sizes {group_size:?} and {size}")));
-        }
-        group_size = Some(size);
+
+    #[test]
+    fn each_group_takes_its_scale_and_padding_nibbles_are_dropped() {
+        // 12 columns in 2 words (4 padding nibbles), groups of 4 columns, values 1 + 8 = 9 everywhere
+        let words = Tensor::from_slice(&[word([9; 8]), word([9; 8])]).view([1, 2]);
+        let scale = Tensor::from_slice(&[1f32, 2.0, -0.5]).view([1, 3]).to_kind(Kind::Half);
+        let w = Packed::new(words, scale, 12).unwrap().dequantize().unwrap();
+        assert_eq!((w.size(), w.kind()), (vec![1, 12], Kind::Half));
+        let want = [1f32, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, -0.5, -0.5, -0.5, -0.5];
+        assert_eq!(Vec::<f32>::try_from(w.view([-1]).to_kind(Kind::Float)).unwrap(), want);
     }
-    Ok(group_size)
+
+    #[test]
+    fn a_weight_is_q_times_scale_rounded_once_to_the_scale_dtype() {
+        // q = 7 and a bf16 scale of 0.1: the weight is their product rounded once to bf16, kept in bf16
+        let words = Tensor::from_slice(&[word([15; 8])]).view([1, 1]);
+        let scale = Tensor::from_slice(&[0.1f32]).view([1, 1]).to_kind(Kind::BFloat16);
+        let w = Packed::new(words, scale.shallow_clone(), 8).unwrap().dequantize().unwrap();
+        let want = scale.to_kind(Kind::Float).f_mul_scalar(7).unwrap().to_kind(Kind::BFloat16);
+        assert!(w.equal(&want.expand([1, 8], false)));
+    }
+
+    #[test]
+    fn rows_unpack_only_the_gathered_rows() {
+        let words = Tensor::from_slice(&[word([8; 8]), word([9; 8]), word([10; 8])]).view([3, 1]);
+        let scale = Tensor::from_slice(&[1f32, 1.0, 1.0]).view([3, 1]).to_kind(Kind::BFloat16);
+        let table = Packed::new(words, scale, 8).unwrap();
+        let rows = table.rows(&Tensor::from_slice(&[2i64, 0])).unwrap();
+        let want: Vec<f32> = [2f32; 8].into_iter().chain([0f32; 8]).collect();
+        assert_eq!(Vec::<f32>::try_from(rows.view([-1]).to_kind(Kind::Float)).unwrap(), want);
+        assert_eq!(table.row_bytes(), 4 + 2); // one word and one bf16 scale
+    }
 }

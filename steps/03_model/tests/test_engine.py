@@ -109,6 +109,37 @@ def test_generate_is_deterministic_and_read_every_changes_nothing(tiny):
     assert engine.generate(prompt, 0)[0] == []
 
 
+def first_new(tokens, after=3):
+    """An index k >= after whose token does not occur before it: a stop on it ends generation right there."""
+    return next(k for k in range(after, len(tokens)) if tokens[k] not in tokens[:k])
+
+
+def test_generate_ends_after_the_first_stop_token(tiny):
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
+    prompt = [2, 40, 41, 42]
+    full, _, full_decode_s = engine.generate(prompt, 128)
+    k = first_new(full)
+    tokens, read_s, decode_s = engine.generate(prompt, 128, stop=[full[k]])
+    assert tokens == full[: k + 1]  # the stop token is the last one returned
+    assert read_s > 0 and 0 < decode_s < full_decode_s / 2, "decode_s times only the k steps made, not 127"
+    assert engine.generate(prompt, 128, read_every=8, stop=(full[k], 0))[0] == tokens  # seen at a later read
+    assert engine.generate(prompt, 128, stop={full[0]})[0] == full[:1]  # the prompt read's token stops it too
+    never = next(t for t in range(3, 500) if t not in full)
+    assert engine.generate(prompt, 128, stop=[never])[0] == full
+    assert engine.generate(prompt, 128, stop=[])[0] == full
+    assert engine.generate(prompt, 0, stop=[full[0]])[0] == []
+
+
+@pytest.mark.parametrize("stop, error", [
+    (5, TypeError), ("ab", TypeError), ({5: 1}, TypeError), ([1.5], TypeError), ([2, None], TypeError),
+    ([-1], ValueError), ([3, 512], ValueError),
+])
+def test_bad_stop_ids_raise_naming_stop(tiny, stop, error):
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), 64, "float32")
+    with pytest.raises(error, match="^stop: "):
+        engine.generate([2, 3], 4, stop=stop)
+
+
 def test_logits_at_chosen_positions(tiny):
     engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
     ids = list(range(2, 60))

@@ -2,7 +2,8 @@
 
     import torch, torchtpu_rs
     engine = torchtpu_rs.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16")
-    tokens, read_s, decode_s = engine.generate(ids, max_new)
+    tokens, read_s, decode_s = engine.generate(ids, max_new)             # exactly max_new tokens
+    tokens, read_s, decode_s = engine.generate(ids, max_new, stop=[1])   # or up to the first <eos> (id 1)
 
 The Python helpers beside the engine: `checkpoints` (make and cache checkpoints in the real formats),
 `devices` (pick a device), `records` (what a recorded run ran on).

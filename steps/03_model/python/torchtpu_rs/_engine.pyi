@@ -23,8 +23,16 @@ class Engine:
         progress: Callable[[int, int], object] | None = None,
     ) -> None: ...
     def layout(self) -> Layout: ...
-    def generate(self, ids: list[int], max_new: int, read_every: int = 1) -> tuple[list[int], float, float]:
-        """Exactly max_new greedy tokens; (tokens, read_s, decode_s)."""
+    def generate(
+        self,
+        ids: list[int],
+        max_new: int,
+        read_every: int = 1,
+        stop: list[int] | tuple[int, ...] | set[int] | frozenset[int] | None = None,
+    ) -> tuple[list[int], float, float]:
+        """Greedy tokens; (tokens, read_s, decode_s). Exactly max_new tokens, or with `stop` up to and including
+        the first one in it; decode_s covers the decode steps made, so decode tok/s = (len(tokens) - 1) / decode_s
+        (with read_every > 1, up to read_every - 1 steps past a stop are made, dropped, and counted)."""
     def logits(self, ids: list[int], positions: list[int] | None = None) -> torch.Tensor:
         """float32 [len(positions), vocab], through the chunked read, from a fresh cache."""
     def hidden_states(self, ids: list[int]) -> list[torch.Tensor]:
