@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, records
-from torchtpu_ways.baseline import chunk_shapes
+from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import NAMES, WAYS
 

@@ -52,12 +52,12 @@ def test_weights_are_stored_as_the_engine_stores_them(tiny):
     # tied head: the embedding table itself, no second copy
     assert text.lm_head.data_ptr() == text.embed_tokens.weight.data_ptr()
     layer = text.layers[0]
-    assert layer.q_proj.dtype == torch.bfloat16 and layer.input_norm.dtype == torch.float32
-    assert text.layers[-1].kv is None  # KV-shared layers hold no k/v projections
+    assert layer.attention.q_proj.dtype == torch.bfloat16 and layer.input_norm.weight.dtype == torch.float32
+    assert text.layers[-1].attention.kv is None  # KV-shared layers hold no k/v projections
 
     emb4 = Baseline(tiny / "text", tiny / "emb4", "cpu", CTX, "float32")
-    assert isinstance(emb4.embed_tokens, PackedTable) and isinstance(emb4.embed_tokens_per_layer, PackedTable)
-    assert emb4.embed_tokens_per_layer.packed.dtype == torch.int32  # kept packed: only gathered rows unpack
+    assert isinstance(emb4.embed_tokens, PackedTable) and isinstance(emb4.per_layer_inputs.table, PackedTable)
+    assert emb4.per_layer_inputs.table.packed.dtype == torch.int32  # kept packed: only gathered rows unpack
     assert emb4.embed_tokens.scale.dtype == torch.float16  # the twin's scales, as stored
     assert emb4.lm_head.dtype == torch.float32  # the untied packed head, dequantized once
 
@@ -124,6 +124,31 @@ def test_read_every_changes_nothing_and_bad_input_raises(tiny):
         model.generate(prompt, 61)  # 4 + 61 > ctx 64
     with pytest.raises(ValueError, match="dtype"):
         Baseline(tiny / "text", None, "cpu", 64, "float16")
+
+
+def test_generate_ends_after_the_first_stop_token_as_the_engine_does(tiny):
+    model = Baseline(tiny / "text", None, "cpu", CTX, "float32")
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32")
+    prompt = [2, 40, 41, 42]
+    full, _, full_decode_s = model.generate(prompt, 128)
+    k = next(k for k in range(3, len(full)) if full[k] not in full[:k])  # a token first made at step k
+    tokens, read_s, decode_s = model.generate(prompt, 128, stop=[full[k]])
+    assert tokens == full[: k + 1]  # the stop token is the last one returned
+    assert read_s > 0 and 0 < decode_s < full_decode_s / 2, "decode_s times only the k steps made, not 127"
+    assert tokens == engine.generate(prompt, 128, stop=[full[k]])[0]
+    assert model.generate(prompt, 128, read_every=8, stop=(full[k], 0))[0] == tokens  # seen at a later read
+    assert model.generate(prompt, 128, stop={full[0]})[0] == full[:1]
+    assert model.generate(prompt, 128, stop=[next(t for t in range(3, 500) if t not in full)])[0] == full
+
+
+@pytest.mark.parametrize("stop, error", [
+    (5, TypeError), ("ab", TypeError), ({5: 1}, TypeError), ([1.5], TypeError), ([2, None], TypeError),
+    ([-1], ValueError), ([3, 512], ValueError),
+])
+def test_bad_stop_ids_raise_naming_stop(tiny, stop, error):
+    model = Baseline(tiny / "text", None, "cpu", 64, "float32")
+    with pytest.raises(error, match="^stop: "):
+        model.generate([2, 3], 4, stop=stop)
 
 
 @pytest.mark.parametrize("emb4", [False, True])

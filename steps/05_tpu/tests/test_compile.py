@@ -4,7 +4,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from torchtpu_ways import prompt
-from torchtpu_ways.baseline import Baseline, chunk_shapes, dynamo_counts
+from torchtpu_ways.baseline import Baseline
+from torchtpu_ways.compiling import chunk_shapes, dynamo_counts
 
 
 def test_the_decode_step_compiles_as_one_graph_per_shape(tiny, ctx, short_prompt):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchtpu_ways.baseline import chunk_shapes, full_slots_for
+from torchtpu_ways.baseline import full_slots_for
+from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
 from torchtpu_ways.worker import same_shapes_prefix

@@ -4,7 +4,8 @@
 caches), eager or `torch.compile`d. `ways.run_way`: one way (rust-fused, rust-eager, python-compile,
 python-eager) in a fresh process, and what it measured. TorchTPU-specific code lives in `tpu`.
 """
-from .baseline import Baseline, dynamo_counts
+from .baseline import Baseline
+from .compiling import dynamo_counts
 from .ways import WAYS, run_way
 
 __all__ = ["Baseline", "dynamo_counts", "WAYS", "run_way"]

@@ -3,56 +3,87 @@
 Same files, same stored weights (linears dequantized once to the compute dtype, norms in float32, the emb4 twin's
 tables kept packed and only gathered rows unpacked), same fixed-size caches (a ring of `2 * window` slots per
 cache-owning sliding layer, `ctx` slots per full layer, each slot's position kept beside it, -1 = empty), same
-chunked prompt read and on-device greedy choice. What differs is who runs the ops: here PyTorch eager, or
-`torch.compile` turning `decode_step` into one graph (steps/03_model/src/gemma.rs is the Rust twin of this file).
+chunked prompt read and on-device greedy choice, and the same parts under the same names (`RmsNorm`, `Rotary`,
+`Attention`, `Mlp`, `PerLayerInput`, `DecoderLayer`, `PerLayerInputs`, `Cache`): steps/03_model/src/gemma.rs is
+the Rust twin of this file, where a part's `__call__` here is its `forward`. What differs is who runs the ops:
+here PyTorch eager, or `torch.compile` turning `decode_step` into one graph (the compile harness is in
+`compiling`).
 
     model = Baseline(model_dir, emb4_dir, "cpu", ctx=2048, dtype="bfloat16", compile=True)
     tokens, read_s, decode_s = model.generate(ids, max_new=64)
 """
+import operator
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import Checkpoint, TextConfig
+from .checkpoint import Checkpoint, DenseTable, PackedTable, TextConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 # --8<-- [start:ops]
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Gemma 4's RMSNorm, in float32: `x * (mean(x²) + eps)^-0.5 * w` (no `1 + w`; `pow`, not `rsqrt`)."""
-    xf = x.float()
-    y = xf * (xf.pow(2).mean(-1, keepdim=True) + eps).pow(-0.5)
-    return (y if weight is None else y * weight).to(x.dtype)
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
-def inv_freq(cfg: TextConfig, full: bool) -> torch.Tensor:
-    """RoPE inverse frequencies (float32). "proportional" (full layers) rotates only the first
+def in_dtype(value: float, dtype: torch.dtype) -> float:
+    """A Python constant rounded to the compute dtype first, as Transformers' `tensor(s).to(dtype)` does."""
+    return torch.tensor(value, dtype=torch.float32).to(dtype).item()
+
+
+class RmsNorm:
+    """Gemma 4's RMSNorm, in float32: `x * (mean(x²) + eps)^-0.5 * w` (no `1 + w`; `pow`, not `rsqrt`). The weight
+    stays float32; values are normed without one."""
+
+    def __init__(self, weight: torch.Tensor | None, eps: float):
+        self.weight, self.eps = weight, eps
+
+    @classmethod
+    def load(cls, ckpt: Checkpoint, name: str, eps: float, device) -> "RmsNorm":
+        return cls(ckpt.dense(f"{name}.weight", torch.float32, device), eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * (xf.pow(2).mean(-1, keepdim=True) + self.eps).pow(-0.5)
+        return (y if self.weight is None else y * self.weight).to(x.dtype)
+
+
+class Rotary:
+    """RoPE inverse frequencies (float32) of one attention kind. "proportional" (full layers) rotates only the first
     `partial_rotary_factor * d / 2` pairs; the rest get frequency 0."""
-    rope = cfg.rope_parameters["full_attention" if full else "sliding_attention"]
-    d = cfg.global_head_dim if full else cfg.head_dim
-    pairs = int(rope.get("partial_rotary_factor", 1.0) * d) // 2 if rope["rope_type"] == "proportional" else d // 2
-    freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, 2 * pairs, 2).float() / d)
-    return torch.cat([freq, torch.zeros(d // 2 - pairs)])
+
+    def __init__(self, cfg: TextConfig, full: bool, device):
+        rope = cfg.rope_parameters["full_attention" if full else "sliding_attention"]
+        d = cfg.global_head_dim if full else cfg.head_dim
+        pairs = int(rope.get("partial_rotary_factor", 1.0) * d) // 2 if rope["rope_type"] == "proportional" else d // 2
+        freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, 2 * pairs, 2).float() / d)
+        self.inv_freq = torch.cat([freq, torch.zeros(d // 2 - pairs)]).to(device)
+
+    def at(self, pos: torch.Tensor, dtype: torch.dtype) -> "Rotation":
+        """The rotation at positions `pos`: angles in float32, cos and sin cast to the compute dtype."""
+        angles = pos.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        angles = torch.cat([angles, angles], -1).unsqueeze(1)
+        return Rotation(angles.cos().to(dtype), angles.sin().to(dtype))
 
 
-def cos_sin(freq: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [tokens, 1, d] at positions `pos`, in float32, then cast to the compute dtype."""
-    angles = pos.float().unsqueeze(1) * freq.unsqueeze(0)
-    angles = torch.cat([angles, angles], -1).unsqueeze(1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+class Rotation:
+    """cos and sin [tokens, 1, d] of one pass's positions."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """`x * cos + rotate_half(x) * sin` on [tokens, heads, d]: dim i pairs with i + d/2."""
+        half = x.shape[-1] // 2
+        return x * self.cos + torch.cat([-x[..., half:], x[..., :half]], -1) * self.sin
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`x * cos + rotate_half(x) * sin` on [tokens, heads, d]: dim i pairs with i + d/2."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """Attention of q [tokens, heads, d] over a whole cache k, v [kv_heads, slots, d], `hidden` [tokens, slots]
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """Attention of q [tokens, heads, d] over cache slots k, v [kv_heads, slots, d], `masked` [tokens, slots]
     marking the slots a query must not see. Query heads that share a KV head are stacked along the token axis
     (no copies of K and V); scaling 1.0; softmax in float32 over scores masked with the dtype's lowest value."""
     tokens, heads, d = q.shape
@@ -66,11 +97,127 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
         scores = (k @ q.transpose(1, 2)).transpose(1, 2)
     else:
         scores = q @ k.transpose(1, 2)
-    scores = scores.unflatten(1, (group, tokens)).masked_fill_(hidden, torch.finfo(q.dtype).min)
+    scores = scores.unflatten(1, (group, tokens)).masked_fill_(masked, torch.finfo(q.dtype).min)
     # Transformers' softmax(dtype=float32).to(bf16), in one kernel: a bf16 softmax computes in float32, rounds once
     probs = scores.softmax(-1)
     out = probs.reshape(kv_heads, group * tokens, -1) @ v
     return out.view(heads, tokens, d).permute(1, 0, 2).reshape(tokens, heads * d)
+# --8<-- [end:ops]
+
+
+class KeyValueProjections:
+    """The key and value projections of a layer that owns a cache."""
+
+    def __init__(self, k_proj: torch.Tensor, k_norm: RmsNorm, v_proj: torch.Tensor):
+        self.k_proj, self.k_norm, self.v_proj = k_proj, k_norm, v_proj
+
+
+class Attention:
+    """Self-attention: q/k/v projections, q and k RMS-normed (v without a weight), RoPE after the norms."""
+
+    def __init__(self, ckpt: Checkpoint, cfg: TextConfig, i: int, dtype: torch.dtype, device):
+        def linear(name):
+            return ckpt.linear(f"layers.{i}.self_attn.{name}", dtype, device)
+
+        def norm(name):
+            return RmsNorm.load(ckpt, f"layers.{i}.self_attn.{name}", cfg.rms_norm_eps, device)
+
+        self.layer = i  # where it writes its keys and values
+        self.kv_source = cfg.kv_source(i)  # whose cache it attends over: its own, or the one it shares
+        self.head_dim = cfg.head_dim_of(i)
+        self.q_proj, self.q_norm = linear("q_proj"), norm("q_norm")
+        # None on KV-shared layers: stray k/v projections in a file are ignored
+        self.kv = KeyValueProjections(linear("k_proj"), norm("k_norm"), linear("v_proj")) \
+            if self.kv_source == i else None
+        self.v_norm = RmsNorm(None, cfg.rms_norm_eps)
+        self.o_proj = linear("o_proj")
+
+    def __call__(self, x: torch.Tensor, rotation: Rotation, slots: "Slots", cache: "Cache") -> torch.Tensor:
+        def heads(w):
+            return F.linear(x, w).view(x.shape[0], -1, self.head_dim)
+
+        q = rotation.rotate(self.q_norm(heads(self.q_proj)))
+        if self.kv is not None:
+            k = rotation.rotate(self.kv.k_norm(heads(self.kv.k_proj)))
+            v = self.v_norm(heads(self.kv.v_proj))
+            cache.write(self.layer, slots, k, v)
+        # A KV-shared layer reads the cache its source layer wrote earlier in this same pass
+        keys, values = cache.seen(self.kv_source, slots)
+        return F.linear(attend(q, keys, values, slots.masked), self.o_proj)
+
+
+class Mlp:
+    """The feed-forward block: down(gelu_tanh(gate(x)) * up(x)); double-wide on KV-shared layers."""
+
+    def __init__(self, ckpt: Checkpoint, i: int, dtype: torch.dtype, device):
+        self.gate_proj, self.up_proj, self.down_proj = (
+            ckpt.linear(f"layers.{i}.mlp.{name}", dtype, device) for name in ("gate_proj", "up_proj", "down_proj"))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(gelu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+
+
+class PerLayerInput:
+    """How a layer takes in its per-layer input (see `PerLayerInputs`): a gate computed from the residual stream,
+    times the layer's slice of the per-layer inputs, projected back to the hidden size."""
+
+    def __init__(self, ckpt: Checkpoint, i: int, dtype: torch.dtype, device):
+        self.gate = ckpt.linear(f"layers.{i}.per_layer_input_gate", dtype, device)
+        self.projection = ckpt.linear(f"layers.{i}.per_layer_projection", dtype, device)
+
+    def __call__(self, x: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
+        return F.linear(gelu(F.linear(x, self.gate)) * per_layer_input, self.projection)
+
+
+class DecoderLayer:
+    """One decoder layer: three residual branches (attention, feed-forward, per-layer input), each normed before it
+    is added, then the layer scalar."""
+
+    def __init__(self, ckpt: Checkpoint, cfg: TextConfig, i: int, dtype: torch.dtype, device):
+        def norm(name):
+            return RmsNorm.load(ckpt, f"layers.{i}.{name}", cfg.rms_norm_eps, device)
+
+        self.full = cfg.is_full(i)
+        self.input_norm = norm("input_layernorm")
+        self.attention = Attention(ckpt, cfg, i, dtype, device)
+        self.post_attention_norm = norm("post_attention_layernorm")
+        self.pre_feedforward_norm = norm("pre_feedforward_layernorm")
+        self.mlp = Mlp(ckpt, i, dtype, device)
+        self.post_feedforward_norm = norm("post_feedforward_layernorm")
+        self.per_layer_input = PerLayerInput(ckpt, i, dtype, device)
+        self.post_per_layer_input_norm = norm("post_per_layer_input_norm")
+        self.layer_scalar = ckpt.dense(f"layers.{i}.layer_scalar", dtype, device)
+
+    # --8<-- [start:layer]
+    def __call__(self, x: torch.Tensor, per_layer_input: torch.Tensor, rotation: Rotation, slots: "Slots",
+                 cache: "Cache") -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(self.input_norm(x), rotation, slots, cache))
+        x = x + self.post_feedforward_norm(self.mlp(self.pre_feedforward_norm(x)))
+        x = x + self.post_per_layer_input_norm(self.per_layer_input(x, per_layer_input))
+        return x * self.layer_scalar  # the scalar scales the whole residual stream
+    # --8<-- [end:layer]
+
+
+class PerLayerInputs:
+    """Gemma's E-series signature: each token brings every layer an input of its own, a token-identity part (a
+    second, huge embedding table) plus a context part (a projection of the embeddings), made once per pass."""
+
+    def __init__(self, table: DenseTable | PackedTable, model: Checkpoint, cfg: TextConfig, dtype: torch.dtype,
+                 device):
+        self.table = table
+        self.table_scale = in_dtype(cfg.hidden_size_per_layer_input ** 0.5, dtype)
+        self.model_projection = model.linear("per_layer_model_projection", dtype, device)
+        self.projection_norm = RmsNorm.load(model, "per_layer_projection_norm", cfg.rms_norm_eps, device)
+        self.hidden_size = cfg.hidden_size
+        self.shape = (cfg.num_hidden_layers, cfg.hidden_size_per_layer_input)
+
+    def __call__(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """[tokens, layers, size] for the tokens `ids`, whose scaled embeddings are `embeds`."""
+        shape = (ids.shape[0], *self.shape)
+        identity = self.table.rows(ids).to(embeds.dtype) * self.table_scale
+        context = F.linear(embeds, self.model_projection) * self.hidden_size ** -0.5
+        context = self.projection_norm(context.view(shape))
+        return (context + identity.view(shape)) * 2 ** -0.5
 
 
 # --8<-- [start:full_slots]
@@ -83,80 +230,90 @@ def full_slots_for(end: int, chunk: int, ctx: int) -> int:
     while slots < end:
         slots *= 2
     return min(slots, ctx)
-
-
-def chunk_shapes(n: int, chunk: int, ctx: int) -> list[tuple[int, int]]:
-    """(tokens, full_slots) of each forward pass that reads an n-token prompt: the shapes a compiler sees."""
-    return [(min(chunk, n - start), full_slots_for(min(start + chunk, n), chunk, ctx)) for start in range(0, n, chunk)]
 # --8<-- [end:full_slots]
 
 
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
+class Slots:
+    """Where one pass's tokens go in the caches of one attention kind, and what its queries may see: `written`
+    (int64 [tokens], each token's slot), `seen` (the queries attend over a cache's first `seen` slots) and `masked`
+    (bool [tokens, seen], true where a query must not see a slot)."""
 
-
-def in_dtype(value: float, dtype: torch.dtype) -> float:
-    """A Python constant rounded to the compute dtype first, as Transformers' `tensor(s).to(dtype)` does."""
-    return torch.tensor(value, dtype=torch.float32).to(dtype).item()
-# --8<-- [end:ops]
-
-
-class Layer:
-    """One decoder layer's weights, stored as the Rust engine stores them."""
-
-    def __init__(self, ckpt: Checkpoint, cfg: TextConfig, i: int, dtype: torch.dtype, device):
-        def linear(name):
-            return ckpt.linear(f"layers.{i}.{name}", dtype, device)
-
-        def norm(name):  # norm weights stay float32: the norm runs in float32
-            return ckpt.dense(f"layers.{i}.{name}.weight", torch.float32, device)
-
-        self.full = cfg.is_full(i)
-        self.head_dim = cfg.head_dim_of(i)
-        self.kv_source = cfg.kv_source(i)  # its own cache, or the one it shares (KV-shared layers)
-        self.input_norm = norm("input_layernorm")
-        self.q_proj, self.q_norm = linear("self_attn.q_proj"), norm("self_attn.q_norm")
-        # only cache owners compute keys and values (stray k/v tensors of shared layers are ignored)
-        self.kv = (linear("self_attn.k_proj"), linear("self_attn.v_proj"), norm("self_attn.k_norm")) \
-            if self.kv_source == i else None
-        self.o_proj = linear("self_attn.o_proj")
-        self.post_attention_norm = norm("post_attention_layernorm")
-        self.pre_feedforward_norm = norm("pre_feedforward_layernorm")
-        self.gate_proj, self.up_proj = linear("mlp.gate_proj"), linear("mlp.up_proj")
-        self.down_proj = linear("mlp.down_proj")
-        self.post_feedforward_norm = norm("post_feedforward_layernorm")
-        self.per_layer_input_gate = linear("per_layer_input_gate")
-        self.per_layer_projection = linear("per_layer_projection")
-        self.post_per_layer_input_norm = norm("post_per_layer_input_norm")
-        self.layer_scalar = ckpt.dense(f"layers.{i}.layer_scalar", dtype, device)
+    def __init__(self, written: torch.Tensor, seen: int, masked: torch.Tensor):
+        self.written, self.seen, self.masked = written, seen, masked
 
 
 # --8<-- [start:cache]
 class Cache:
-    """Keys and values of every cache-owning layer, and which position each slot holds (-1 = empty).
-    Sliding layers: a ring of `2 * window` slots (a prompt chunk of `window` tokens still sees the window
+    """Keys and values of every cache-owning layer, and the bookkeeping: which position each slot holds (-1 =
+    empty). Sliding layers: a ring of `2 * window` slots (a prompt chunk of `window` tokens still sees the window
     before it); full layers: `ctx` slots. Shapes never change, so every decode step is the same program."""
 
-    def __init__(self, cfg: TextConfig, layers: list[Layer], ctx: int, dtype: torch.dtype, device, static: bool):
+    def __init__(self, cfg: TextConfig, ctx: int, dtype: torch.dtype, device, static: bool):
         ring = 2 * cfg.sliding_window
-        self.kv = []
-        for i, layer in enumerate(layers):
-            shape = (cfg.kv_heads_of(i), ctx if layer.full else ring, layer.head_dim)
+        self.window = cfg.sliding_window
+        self.layers = []  # per layer: (keys, values) [kv_heads, slots, head_dim], or None for a KV-shared layer
+        for i in range(cfg.num_hidden_layers):
+            shape = (cfg.kv_heads_of(i), ctx if cfg.is_full(i) else ring, cfg.head_dim_of(i))
             # zeros, never NaN: masked slots are still multiplied by 0
-            self.kv.append((torch.zeros(shape, dtype=dtype, device=device),
-                            torch.zeros(shape, dtype=dtype, device=device)) if layer.kv_source == i else None)
-        self.slot_pos = {False: torch.full((ring,), -1, device=device), True: torch.full((ctx,), -1, device=device)}
+            self.layers.append((torch.zeros(shape, dtype=dtype, device=device),
+                                torch.zeros(shape, dtype=dtype, device=device)) if cfg.kv_source(i) == i else None)
+        self.positions = {False: torch.full((ring,), -1, device=device), True: torch.full((ctx,), -1, device=device)}
         if static:  # for torch.compile (importing dynamo takes seconds: eager runs skip it)
             # Updated in place by the compiled step: tell dynamo these tensors keep their address from call to
             # call, so the compiled program writes into them rather than treating them as new inputs each time.
-            for t in [*self.slot_pos.values(), *(t for kv in self.kv if kv for t in kv)]:
+            for t in [*self.positions.values(), *(t for kv in self.layers if kv for t in kv)]:
                 torch._dynamo.mark_static_address(t)
 
     def clear(self) -> None:
-        """A fresh cache: every slot empty (the stale keys and values are masked)."""
-        for slot_pos in self.slot_pos.values():
-            slot_pos.fill_(-1)
+        """Every slot empty; the stale keys and values stay, masked."""
+        for positions in self.positions.values():
+            positions.fill_(-1)
+
+    def place(self, pos: torch.Tensor, full_slots: int) -> dict[bool, Slots]:
+        """Records that the tokens at positions `pos` (int64 [tokens]) now occupy their slots (position p in slot
+        p mod the cache's length) and returns, per attention kind (`full`), those slots and what each token may
+        see. Full layers attend over the first `full_slots` slots, sliding layers over their whole ring."""
+        query = pos.unsqueeze(1)
+        placed = {}
+        for full, positions in self.positions.items():
+            written = pos % positions.shape[0]
+            positions.index_copy_(0, written, pos)
+            seen = full_slots if full else positions.shape[0]
+            key = positions[:seen]
+            visible = (key >= 0) & (key <= query)
+            if not full:  # key k is visible to query q iff q - window < k <= q
+                visible = visible & (key > query - self.window)
+            placed[full] = Slots(written, seen, ~visible)
+        return placed
+
+    def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A cache owner's keys and values [tokens, kv_heads, head_dim] into their slots."""
+        keys, values = self.layers[layer]
+        keys.index_copy_(1, slots.written, k.transpose(0, 1))
+        values.index_copy_(1, slots.written, v.transpose(0, 1))
+
+    def seen(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slots of `layer`'s cache its queries attend over: (keys, values)."""
+        keys, values = self.layers[layer]
+        return keys[:, :slots.seen], values[:, :slots.seen]
 # --8<-- [end:cache]
+
+
+def stop_ids(stop: Iterable[int] | None, vocab: int) -> frozenset[int]:
+    """`generate`'s stop ids, checked as the Rust engine checks them: a list, tuple or set of ints in [0, vocab)."""
+    if stop is None:
+        return frozenset()
+    if not isinstance(stop, (list, tuple, set, frozenset)):
+        raise TypeError(f"stop: expected a list, tuple or set of ints, got {type(stop).__name__} {stop!r}")
+    ids = []
+    for t in stop:
+        try:
+            ids.append(operator.index(t))  # what the engine takes for an int: anything with __index__
+        except TypeError:
+            raise TypeError(f"stop: expected ints, got {type(t).__name__} {t!r}") from None
+        if not 0 <= ids[-1] < vocab:
+            raise ValueError(f"stop: {ids[-1]} is outside the vocabulary [0, {vocab})")
+    return frozenset(ids)
 
 
 class Baseline:
@@ -184,9 +341,12 @@ class Baseline:
         def packed_in_twin(name):
             return twin is not None and twin.has(f"{name}.weight_packed")
 
-        self.embed_tokens = (twin if packed_in_twin("embed_tokens") else model).table("embed_tokens", self.device)
-        ple = "embed_tokens_per_layer"
-        self.embed_tokens_per_layer = (twin if packed_in_twin(ple) else model).table(ple, self.device)
+        def table(name):
+            return (twin if packed_in_twin(name) else model).table(name, self.device)
+
+        self.embed_tokens = table("embed_tokens")
+        self.embed_scale = in_dtype(cfg.hidden_size ** 0.5, self.dtype)  # sqrt(1536) = 39.19 -> 39.25 in bf16
+        self.per_layer_inputs = PerLayerInputs(table("embed_tokens_per_layer"), model, cfg, self.dtype, self.device)
         # The head reads every row every token: dequantized once, in the compute dtype. Untied only when a
         # checkpoint ships it; tied, it is the embedding table (no copy when the dtypes agree).
         if packed_in_twin("lm_head"):
@@ -195,34 +355,38 @@ class Baseline:
             self.lm_head = model.linear("lm_head", self.dtype, self.device)
         else:
             self.lm_head = self.embed_tokens.dequantize().to(self.dtype)
-        self.per_layer_model_projection = model.linear("per_layer_model_projection", self.dtype, self.device)
-        self.per_layer_projection_norm = model.dense("per_layer_projection_norm.weight", torch.float32, self.device)
-        self.layers = [Layer(model, cfg, i, self.dtype, self.device) for i in range(cfg.num_hidden_layers)]
-        self.norm = model.dense("norm.weight", torch.float32, self.device)
-        self.inv_freq = {full: inv_freq(cfg, full).to(self.device) for full in (False, True)}
-        self.embed_scale = in_dtype(cfg.hidden_size ** 0.5, self.dtype)  # sqrt(1536) = 39.19 -> 39.25 in bf16
-        self.per_layer_scale = in_dtype(cfg.hidden_size_per_layer_input ** 0.5, self.dtype)
-        self.cache = Cache(cfg, self.layers, ctx, self.dtype, self.device, static=compile)
+        self.rotary = {full: Rotary(cfg, full, self.device) for full in (False, True)}
+        self.layers = [DecoderLayer(model, cfg, i, self.dtype, self.device) for i in range(cfg.num_hidden_layers)]
+        self.norm = RmsNorm.load(model, "norm", cfg.rms_norm_eps, self.device)
+        self.cache = Cache(cfg, ctx, self.dtype, self.device, static=compile)
         # --8<-- [end:load]
         # --8<-- [start:compile]
         # dynamic=False: one static-shape graph per input shape (a prompt chunk, a decode step), never a
-        # symbolic one. fullgraph=False, so that dynamo reports breaks (see `dynamo_counts`) instead of raising.
+        # symbolic one. fullgraph=False, so that dynamo reports breaks (see `compiling.dynamo_counts`) instead of
+        # raising.
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
         if compile:
-            # A prompt's read compiles a graph per bucket of full_slots for whole chunks, one for the last chunk,
-            # and decoding one more. Past dynamo's limit (8 graphs per function) it would quietly run eager.
-            buckets = len({slots for _, slots in chunk_shapes(ctx, cfg.sliding_window, ctx)})
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * buckets + 1)
+            from .compiling import allow_recompiles  # here, not at the top: `compiling` imports this module
+
+            allow_recompiles(ctx, cfg.sliding_window)
         # --8<-- [end:compile]
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as held (as the Rust engine counts them): every layer's
         matrices, norms and scalar, the per-layer projection, the final norm and head, one row of each table."""
-        tensors = [self.per_layer_model_projection, self.per_layer_projection_norm, self.norm, self.lm_head]
+        inputs = self.per_layer_inputs
+        tensors = [inputs.model_projection, inputs.projection_norm.weight, self.norm.weight, self.lm_head]
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)] + list(layer.kv or ())
+            attention, mlp, per_layer_input = layer.attention, layer.mlp, layer.per_layer_input
+            tensors += [attention.q_proj, attention.q_norm.weight, attention.o_proj, mlp.gate_proj, mlp.up_proj,
+                        mlp.down_proj, per_layer_input.gate, per_layer_input.projection, layer.layer_scalar]
+            norms = (layer.input_norm, layer.post_attention_norm, layer.pre_feedforward_norm,
+                     layer.post_feedforward_norm, layer.post_per_layer_input_norm)
+            tensors += [norm.weight for norm in norms]
+            if attention.kv is not None:
+                tensors += [attention.kv.k_proj, attention.kv.k_norm.weight, attention.kv.v_proj]
         return (sum(t.numel() * t.element_size() for t in tensors)
-                + self.embed_tokens.row_bytes() + self.embed_tokens_per_layer.row_bytes())
+                + self.embed_tokens.row_bytes() + inputs.table.row_bytes())
 
     def layout(self) -> tuple[int, int, int, int]:
         """(full_rings, sliding_rings, shared_layers, sliding_ring_len), as the Rust engine's layout()."""
@@ -233,62 +397,18 @@ class Baseline:
         """One pass over `ids` at positions `pos` (int64 device tensors [tokens]), writing their keys and values
         into the cache; full layers attend over its first `full_slots` slots (all `ctx` for a decode step).
         Returns the final-norm hidden states [tokens, hidden]."""
-        cfg, dtype, eps = self.cfg, self.dtype, self.cfg.rms_norm_eps
-        tokens, n_layers, p = ids.shape[0], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
-
-        h = self.embed_tokens.rows(ids).to(dtype) * self.embed_scale
-        # Per-layer inputs: a second embedding (token identity) plus a projection of the embeddings (context)
-        identity = self.embed_tokens_per_layer.rows(ids).to(dtype) * self.per_layer_scale
-        context = F.linear(h, self.per_layer_model_projection) * cfg.hidden_size ** -0.5
-        context = rms_norm(context.view(tokens, n_layers, p), self.per_layer_projection_norm, eps)
-        per_layer_input = (context + identity.view(tokens, n_layers, p)) * 2 ** -0.5
-
-        # Where the new tokens go in each kind of cache, and which slots each query may see
-        masks, rope = {}, {}
-        for full, slot_pos in self.cache.slot_pos.items():
-            slots = pos % slot_pos.shape[0]
-            slot_pos.index_copy_(0, slots, pos)
-            query = pos.unsqueeze(1)
-            if full:
-                slot_pos = slot_pos[:full_slots]
-            visible = (slot_pos >= 0) & (slot_pos <= query)
-            if not full:  # key k is visible to query q iff q - window < k <= q
-                visible = visible & (slot_pos > query - cfg.sliding_window)
-            masks[full] = (slots, ~visible)
-            rope[full] = cos_sin(self.inv_freq[full], pos, dtype)
-
+        x = self.embed_tokens.rows(ids).to(self.dtype) * self.embed_scale
+        per_layer_inputs = self.per_layer_inputs(ids, x)
+        slots = self.cache.place(pos, full_slots)
+        rotations = {full: rotary.at(pos, self.dtype) for full, rotary in self.rotary.items()}
         for i, layer in enumerate(self.layers):
-            (slots, masked), (cos, sin), d = masks[layer.full], rope[layer.full], layer.head_dim
-            # Attention: q/k/v projections, q and k RMS-normed (v without a weight), RoPE after the norms
-            x = rms_norm(h, layer.input_norm, eps)
-            q = rotate(rms_norm(F.linear(x, layer.q_proj).view(tokens, -1, d), layer.q_norm, eps), cos, sin)
-            if layer.kv is not None:
-                k_proj, v_proj, k_norm = layer.kv
-                k = rotate(rms_norm(F.linear(x, k_proj).view(tokens, -1, d), k_norm, eps), cos, sin)
-                v = rms_norm(F.linear(x, v_proj).view(tokens, -1, d), None, eps)
-                k_cache, v_cache = self.cache.kv[i]
-                k_cache.index_copy_(1, slots, k.transpose(0, 1))
-                v_cache.index_copy_(1, slots, v.transpose(0, 1))
-            # KV-shared layers read the cache their source layer (earlier in this pass) just wrote
-            k_cache, v_cache = self.cache.kv[layer.kv_source]
-            if layer.full:
-                k_cache, v_cache = k_cache[:, :full_slots], v_cache[:, :full_slots]
-            attn = F.linear(attend(q, k_cache, v_cache, masked), layer.o_proj)
-            h = h + rms_norm(attn, layer.post_attention_norm, eps)
-            # Feed-forward: down(gelu_tanh(gate(x)) * up(x)); double-wide on KV-shared layers
-            x = rms_norm(h, layer.pre_feedforward_norm, eps)
-            ff = F.linear(gelu(F.linear(x, layer.gate_proj)) * F.linear(x, layer.up_proj), layer.down_proj)
-            h = h + rms_norm(ff, layer.post_feedforward_norm, eps)
-            # Per-layer input: gate the residual stream, mix in this layer's slice, project back
-            gated = gelu(F.linear(h, layer.per_layer_input_gate)) * per_layer_input[:, i]
-            h = h + rms_norm(F.linear(gated, layer.per_layer_projection), layer.post_per_layer_input_norm, eps)
-            h = h * layer.layer_scalar  # scales the whole residual stream
-        return rms_norm(h, self.norm, eps)
+            x = layer(x, per_layer_inputs[:, i], rotations[layer.full], slots[layer.full], self.cache)
+        return self.norm(x)
     # --8<-- [end:forward]
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
+    def head(self, out: torch.Tensor) -> torch.Tensor:
         """Logits [tokens, vocab]: the output head, then `tanh(x / cap) * cap` when the config sets a cap."""
-        logits = F.linear(h, self.lm_head)
+        logits = F.linear(out, self.lm_head)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -298,8 +418,8 @@ class Baseline:
         its position. Tokens and positions stay device tensors and a decode step's `full_slots` is always `ctx` —
         no Python number changes from step to step, so a compiled step is one program, whatever the position.
         (A prompt chunk's `full_slots` is a bucket size: one program per bucket.)"""
-        h = self.forward(ids, pos, full_slots)
-        token = self.head(h[-1:]).argmax(-1)
+        out = self.forward(ids, pos, full_slots)
+        token = self.head(out[-1:]).argmax(-1)
         return token, pos[-1:] + 1
     # --8<-- [end:decode_step]
 
@@ -312,22 +432,31 @@ class Baseline:
                    torch.arange(start, start + len(chunk), device=self.device),
                    full_slots_for(start + len(chunk), w, self.ctx))
 
+    def vocabulary(self) -> int:
+        """The ids both embedding tables hold: what a prompt may contain."""
+        return min(self.cfg.vocab_size, self.cfg.vocab_size_per_layer_input)
+
     def check_ids(self, ids: list[int]) -> None:
-        """Prompt ids must be in both embedding tables' vocabulary and fit the context (as the engine checks)."""
+        """Prompt ids must be in the vocabulary and fit the context (as the engine checks)."""
         if not ids:
             raise ValueError("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)")
         if len(ids) > self.ctx:
             raise ValueError(f"ids: {len(ids)} tokens do not fit ctx={self.ctx}")
-        vocab = min(self.cfg.vocab_size, self.cfg.vocab_size_per_layer_input)
+        vocab = self.vocabulary()
         bad = next(((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab), None)
         if bad:
             raise ValueError(f"ids[{bad[0]}] = {bad[1]} is outside the vocabulary [0, {vocab})")
 
     # --8<-- [start:generate]
-    def generate(self, ids: list[int], max_new: int, read_every: int = 1) -> tuple[list[int], float, float]:
-        """Exactly `max_new` greedy tokens after `ids`, and the seconds for the prompt read (which yields the
-        first token) and for the other max_new - 1 steps. Tokens reach the host every `read_every` steps."""
+    def generate(self, ids: list[int], max_new: int, read_every: int = 1,
+                 stop: Iterable[int] | None = None) -> tuple[list[int], float, float]:
+        """Greedy tokens after `ids`: exactly `max_new`, or with `stop` (a list, tuple or set of ids) up to and
+        including the first one in `stop`; and the seconds for the prompt read (which yields the first token) and
+        for the decode steps made after it, so decode tok/s = (len(tokens) - 1) / decode_s. Tokens reach the host
+        every `read_every` steps, and a stop is seen only then: with read_every > 1, up to read_every - 1 steps
+        past it are made, dropped, and counted in decode_s (as in the Rust engine)."""
         self.check_ids(ids)
+        stop = stop_ids(stop, self.vocabulary())
         if max_new < 0 or len(ids) + max_new > self.ctx:
             raise ValueError(f"max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({self.ctx})")
         if read_every < 1:
@@ -342,14 +471,19 @@ class Baseline:
         read_s = time.perf_counter() - start
 
         start = time.perf_counter()
-        pending = []
-        for step in range(1, max_new):
+        stopped, pending, made = tokens[0] in stop, [], 1
+        while made < max_new and not stopped:
             token, pos = self.step(token, pos, self.ctx)
             pending.append(token)
-            if len(pending) == read_every or step == max_new - 1:
-                tokens += torch.cat(pending).tolist()
+            made += 1
+            if len(pending) == read_every or made == max_new:
+                read = torch.cat(pending).tolist()
+                stopped = any(t in stop for t in read)
+                tokens += read
                 pending = []
-        return tokens, read_s, time.perf_counter() - start
+        decode_s = time.perf_counter() - start
+        end = next((n for n, t in enumerate(tokens) if t in stop), None)
+        return (tokens if end is None else tokens[:end + 1]), read_s, decode_s
     # --8<-- [end:generate]
 
     def logits(self, ids: list[int], positions: list[int] | None = None) -> torch.Tensor:
@@ -362,21 +496,11 @@ class Baseline:
         self.cache.clear()
         rows = {}
         for n, (chunk, chunk_pos, slots) in enumerate(self.chunks(ids)):
-            h = self.forward(chunk, chunk_pos, slots)
+            out = self.forward(chunk, chunk_pos, slots)
             start = n * self.cfg.sliding_window
             for p in positions:
                 if start <= p < start + len(chunk):
-                    rows[p] = self.head(h[p - start:p - start + 1]).float()
+                    rows[p] = self.head(out[p - start:p - start + 1]).float()
         if not positions:
             return torch.empty(0, self.cfg.vocab_size, device=self.device)
         return torch.cat([rows[p] for p in positions])
-
-
-# --8<-- [start:dynamo_counts]
-def dynamo_counts() -> tuple[int, int]:
-    """(graphs, graph breaks) dynamo has produced in this process so far: each graph is a program the backend
-    compiles; each break splits a function into two graphs with Python running between them."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
-# --8<-- [end:dynamo_counts]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .baseline import chunk_shapes
+from .compiling import chunk_shapes
 from .memory import PeakMemory
 
 BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
@@ -64,7 +64,7 @@ def measure(args: argparse.Namespace) -> dict:
     # --8<-- [end:runs]
     graphs = breaks = None
     if args.way == "python-compile":
-        from .baseline import dynamo_counts
+        from .compiling import dynamo_counts
 
         graphs, breaks = dynamo_counts()
     steps = args.max_new - 1  # decode steps after the token the prompt read yields
