@@ -53,6 +53,14 @@ def meta(device: torch.device | str) -> dict:
     }
 
 
+def header(meta: dict) -> str:
+    """The two lines above every recorded output: where and when it ran, and on which versions."""
+    versions = " · ".join(f"{k} {meta[k]}" for k in ("python", "torch", "tch", "transformers",
+                                                     "compressed_tensors", "rustc") if meta.get(k))
+    return (f"# recorded {meta['date'][:10]} on {meta['device']} ({meta['cpu']}, {meta['cores']} cores)\n"
+            f"# {versions}")
+
+
 def write_json(path: str | None, device, **results) -> None:
     """Write `results` plus the meta block to `path` (nothing when path is None)."""
     if path:

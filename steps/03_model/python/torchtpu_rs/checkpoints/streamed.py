@@ -100,7 +100,7 @@ def write_random(out_dir, spec, seed=0, layout="causal", shard_bytes=SHARD_BYTES
         for folder, config, emb4, plan in jobs:
             folder.mkdir(parents=True)
             config.save_pretrained(folder)
-            GenerationConfig.frommodel_config(config).save_pretrained(folder)
+            GenerationConfig.from_model_config(config).save_pretrained(folder)
             qconfig = quantization_config(emb4)
             qconfig.quantization_status = QuantizationStatus.COMPRESSED
             finish_config(folder, spec, ModelCompressor(quantization_config=qconfig))
