@@ -1,4 +1,5 @@
 """The E2B path: this project's packer, streamed into safetensors shards without a float model in memory."""
+import json
 import math
 from pathlib import Path
 
