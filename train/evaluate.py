@@ -63,8 +63,8 @@ def hf_logits(model):
 
 def float_model(weights: Path):
     """The trained float32 weights before export (fake quantization off), in Transformers' Gemma4ForCausalLM."""
-    from transformers import Gemma4ForCausalLM
     from torchtpu_rs.checkpoints import TINY, text_config
+    from transformers import Gemma4ForCausalLM
 
     config = text_config(TINY, tied=True)
     config._attn_implementation = "eager"
@@ -106,9 +106,9 @@ def fraction(flags):
 
 
 def main(argv=None) -> None:
-    from transformers import AutoTokenizer
     from torchtpu_rs import records
     from torchtpu_rs.reference import transformers_model
+    from transformers import AutoTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", type=Path, help="the float weights before export (train.py's model.pt)")

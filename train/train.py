@@ -14,7 +14,6 @@ weights), log.json (one entry per step).
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(seed: int):
-    from transformers import Gemma4ForCausalLM
     from torchtpu_rs.checkpoints import TINY, text_config
+    from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(seed)
     config = text_config(TINY, tied=True)
@@ -41,8 +40,8 @@ def build_model(seed: int):
 
 def tokenizer_for_training():
     """The project's word-level tokenizer (the one every checkpoint ships), written once to a cache folder."""
-    from transformers import AutoTokenizer
     from torchtpu_rs.checkpoints import write_tokenizer
+    from transformers import AutoTokenizer
 
     folder = ROOT / ".cache" / "train" / "tokenizer"
     if not (folder / "tokenizer.json").exists():

@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
     from torchtpu_rs.checkpoints import write_tokenizer
+    from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(folder)

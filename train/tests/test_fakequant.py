@@ -41,8 +41,8 @@ def test_straight_through_gradient():
 
 
 def test_attach_and_detach_keep_the_float_weights():
-    from transformers import Gemma4ForCausalLM
     from torchtpu_rs.checkpoints import TINY, text_config
+    from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(0)
     model = Gemma4ForCausalLM(text_config(TINY)).float()

@@ -5,6 +5,7 @@ import json
 import data
 import pytest
 import torch
+
 import train
 
 SMOKE = ["--steps", "40", "--tokens", "768", "--warmup", "10", "--qat", "0.75", "--threads", "2"]

@@ -2,8 +2,6 @@
 from pathlib import Path
 
 import pytest
-import torch
-
 from torchtpu_rs import checkpoints
 from torchtpu_rs.reference import transformers_model
 

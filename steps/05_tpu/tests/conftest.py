@@ -2,11 +2,8 @@
 from pathlib import Path
 
 import pytest
-import torch
-from torchtpu_rs.reference import transformers_model
-
 from torchtpu_rs import checkpoints
-
+from torchtpu_rs.reference import transformers_model
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import shlex
 import sys
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-
 from pathlib import Path
 
 import torch

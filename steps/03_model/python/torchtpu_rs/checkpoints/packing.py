@@ -13,8 +13,12 @@ def quantization_config(emb4=False):
     same linears, plus a group for the two embedding tables and the untied head with F16 scales. That group comes
     first: compressed-tensors gives a module the scheme of its most specific target (an exact name beats a regex
     beats a class name) either way, but it warns about a target that an earlier one (`Linear`) already claimed."""
-    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                                 QuantizationStatus)
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+    )
 
     w4 = dict(num_bits=4, type="int", symmetric=True, strategy="group", group_size=GROUP)
     linears = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**w4))
