@@ -6,6 +6,7 @@ mod bridge;
 mod config;
 mod error;
 mod gemma;
+mod sampling;
 mod weights;
 
 use std::path::PathBuf;
@@ -20,7 +21,8 @@ use tch::{Kind, Tensor};
 use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use error::Error;
-use gemma::{Cache, Gemma, Generation};
+use gemma::{Cache, DecodeSlots, Gemma, Generation};
+use sampling::{Rng, Sampling};
 use weights::Checkpoint;
 
 impl From<Error> for PyErr {
@@ -30,6 +32,7 @@ impl From<Error> for PyErr {
             Error::Invalid(msg) => PyValueError::new_err(msg),
             Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
             Error::Torch(t) => torch_error(t),
+            Error::Python(e) => e,
         }
     }
 }
@@ -37,6 +40,35 @@ impl From<Error> for PyErr {
 struct State {
     model: Gemma,
     cache: Cache,
+    /// Counts the calls that reuse the cache, so that a token stream knows when another call has taken it.
+    epoch: u64,
+    /// Where the last `prefill` left the cache, for `tokens` to continue from.
+    prefilled: Option<Prefilled>,
+}
+
+/// A prompt read into the cache by `prefill`, not yet continued.
+struct Prefilled {
+    logits: Tensor,
+    len: i64,
+}
+
+/// Ctrl-C between prompt chunks and decode steps: the GIL taken back for a moment, Python's signal handlers
+/// run, and a `KeyboardInterrupt` (or whatever a handler raises) ends the call.
+fn check_signals() -> error::Result<()> {
+    Python::attach(|py| py.check_signals()).map_err(Error::Python)
+}
+
+fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<DecodeSlots> {
+    match decode_slots {
+        Some("bucket") => Ok(DecodeSlots::Bucket),
+        Some("all") => Ok(DecodeSlots::All),
+        Some(other) => Err(PyValueError::new_err(format!("decode_slots={other:?}: use \"bucket\", \"all\" or None"))),
+        // the default: one compiled program at every position on a TPU; elsewhere no work on empty slots
+        None => {
+            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+            Ok(if device == "tpu" { DecodeSlots::All } else { DecodeSlots::Bucket })
+        }
+    }
 }
 
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None)
@@ -49,6 +81,10 @@ struct State {
 /// ctx: context length, i.e. the length of the full-attention caches.
 /// dtype: "bfloat16" or "float32", the precision of the arithmetic.
 /// progress: None, or a callable(done, total) called while layers load.
+/// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
+///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
+///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
+///     Both give the same tokens and logits, bit for bit.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_rs")]
@@ -76,7 +112,7 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None))]
+    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None))]
     fn new(
         model_dir: PathBuf,
         emb4_dir: Option<PathBuf>,
@@ -84,9 +120,12 @@ impl Engine {
         ctx: i64,
         dtype: &str,
         progress: Option<Bound<'_, PyAny>>,
+        decode_slots: Option<&str>,
     ) -> PyResult<Self> {
         let dtype = compute_dtype(dtype)?;
-        let like = take(like, "Engine(like)")?;
+        let like_tensor = take(like, "Engine(like)")?;
+        let decode_slots = decode_slots_arg(decode_slots, like)?;
+        let like = like_tensor;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;
         let twin = emb4_dir.as_deref().map(Checkpoint::open).transpose()?;
@@ -100,8 +139,19 @@ impl Engine {
         if let Some(e) = report_error {
             return Err(e);
         }
-        let cache = model.new_cache(ctx)?;
-        Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(State { model, cache }) })
+        let mut cache = model.new_cache(ctx)?;
+        cache.decode_slots = decode_slots;
+        let state = State { model, cache, epoch: 0, prefilled: None };
+        Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
+    }
+
+    /// What a decode step's full layers attend over: "bucket" or "all" (see the class docstring).
+    #[getter]
+    fn decode_slots(&self) -> PyResult<&'static str> {
+        Ok(match self.state()?.cache.decode_slots {
+            DecodeSlots::Bucket => "bucket",
+            DecodeSlots::All => "all",
+        })
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
@@ -126,29 +176,111 @@ impl Engine {
         stop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<i64>, f64, f64)> {
         let ids = token_ids(ids, "generate(ids)")?;
-        let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
-        let vocab = vocabulary(&state.model.cfg);
-        if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
-            return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
-        }
-        if max_new < 0 || ids.len() as i64 + max_new > ctx {
-            return Err(PyValueError::new_err(format!(
-                "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({} + {max_new} > {ctx})",
-                ids.len()
-            )));
-        }
+        let stop = checked_stop(stop, &state.model.cfg)?;
+        check_max_new(max_new, ids.len() as i64, ctx)?;
         if read_every < 1 {
             return Err(PyValueError::new_err(format!("read_every={read_every}: must be >= 1")));
         }
         // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if they
         // touch this engine). `&mut` is Send where `&` would need Sync, which tensors are not.
         let state: &mut State = &mut state;
-        let Generation { tokens, read_s, decode_s } =
-            py.detach(move || state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache))?;
+        state.taken();
+        let Generation { tokens, read_s, decode_s } = py.detach(move || {
+            state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache, &mut check_signals)
+        })?;
         Ok((tokens, read_s, decode_s))
+    }
+
+    /// prefill(ids) -> torch.Tensor
+    ///
+    /// Reads the prompt `ids` into a fresh cache (in chunks, as generate does) and returns the float32 logits
+    /// [vocab] after its last token. Continue with `tokens(...)`.
+    fn prefill<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let ids = token_ids(ids, "prefill(ids)")?;
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let state: &mut State = &mut state;
+        state.taken();
+        let (reading, prompt): (&mut State, &[i64]) = (&mut *state, &ids);
+        let logits = py.detach(move || reading.model.prefill(prompt, &mut reading.cache, &mut check_signals))?;
+        let row = logits.f_to_kind(Kind::Float).map_err(torch_error)?.f_reshape([-1]).map_err(torch_error)?;
+        state.prefilled = Some(Prefilled { logits, len: ids.len() as i64 });
+        give(py, &row)
+    }
+
+    /// tokens(max_new, stop=None, temperature=None, top_k=None, top_p=None, seed=None) -> Iterator[int]
+    ///
+    /// The tokens after the last `prefill`, yielded as they are made: at most `max_new` (len(ids) + max_new <=
+    /// ctx), ending after the first one in `stop`. Greedy unless temperature, top_k or top_p is set; then sampled
+    /// from the distribution Transformers' temperature, top-k and top-p processors leave (temperature defaults to
+    /// 1.0), with a generator seeded by `seed` (an int; None: from the clock): the same seed, the same tokens.
+    /// Any other call on the engine ends the stream (its next step raises RuntimeError).
+    #[pyo3(signature = (max_new, stop = None, temperature = None, top_k = None, top_p = None, seed = None))]
+    fn tokens(
+        slf: &Bound<'_, Self>,
+        max_new: i64,
+        stop: Option<&Bound<'_, PyAny>>,
+        temperature: Option<&Bound<'_, PyAny>>,
+        top_k: Option<&Bound<'_, PyAny>>,
+        top_p: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<TokenStream> {
+        let engine = slf.borrow();
+        let mut state = engine.state()?;
+        let stop = checked_stop(stop, &state.model.cfg)?;
+        let sampling = sampling_args(temperature, top_k, top_p)?;
+        let seed = seed_arg(seed)?;
+        let prefilled = state.prefilled.take().ok_or_else(|| {
+            PyRuntimeError::new_err("tokens: no prompt read; call prefill(ids) first (each prefill serves one stream)")
+        })?;
+        check_max_new(max_new, prefilled.len, state.cache.ctx)?;
+        state.epoch += 1;
+        let stream = Stream {
+            epoch: state.epoch,
+            logits: Some(prefilled.logits),
+            unfed: None,
+            pos: prefilled.len,
+            made: 0,
+            max_new,
+            stop,
+            sampler: sampling.map(|s| (s, Rng::new(seed))),
+            done: false,
+            last_logits: None,
+        };
+        Ok(TokenStream { engine: slf.clone().unbind(), stream: Mutex::new(stream) })
+    }
+
+    /// stream(ids, max_new, stop=None, temperature=None, top_k=None, top_p=None, seed=None) -> Iterator[int]
+    ///
+    /// prefill(ids), then tokens(max_new, ...): the prompt is read now, the tokens come as you iterate.
+    #[pyo3(signature = (ids, max_new, stop = None, temperature = None, top_k = None, top_p = None, seed = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        slf: &Bound<'_, Self>,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        max_new: i64,
+        stop: Option<&Bound<'_, PyAny>>,
+        temperature: Option<&Bound<'_, PyAny>>,
+        top_k: Option<&Bound<'_, PyAny>>,
+        top_p: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<TokenStream> {
+        {
+            // check everything before reading the prompt
+            let engine = slf.borrow();
+            let state = engine.state()?;
+            let n = token_ids(ids, "stream(ids)")?.len() as i64;
+            checked_stop(stop, &state.model.cfg)?;
+            sampling_args(temperature, top_k, top_p)?;
+            seed_arg(seed)?;
+            check_max_new(max_new, n, state.cache.ctx)?;
+        }
+        slf.borrow().prefill(py, ids)?;
+        Engine::tokens(slf, max_new, stop, temperature, top_k, top_p, seed)
     }
 
     /// logits(ids, positions=None) -> torch.Tensor
@@ -171,9 +303,10 @@ impl Engine {
         if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= n) {
             return Err(PyValueError::new_err(format!("positions: {p} is not an index into ids (len {n})")));
         }
-        let State { model, cache } = &mut *state;
+        state.taken();
+        let State { model, cache, .. } = &mut *state;
         let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
-        model.read(&ids, cache, false, |start, out, _| {
+        model.read(&ids, cache, false, &mut check_signals, |start, out, _| {
             for (slot, &p) in rows.iter_mut().zip(&positions) {
                 if (start..start + out.size()[0]).contains(&p) {
                     let row = model.head(&out.f_narrow(0, p - start, 1)?)?;
@@ -199,9 +332,10 @@ impl Engine {
         let ids = token_ids(ids, "hidden_states(ids)")?;
         let mut state = self.state()?;
         check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
-        let State { model, cache } = &mut *state;
+        state.taken();
+        let State { model, cache, .. } = &mut *state;
         let mut chunks: Vec<Vec<Tensor>> = Vec::new();
-        model.read(&ids, cache, true, |_, _, states| {
+        model.read(&ids, cache, true, &mut check_signals, |_, _, states| {
             chunks.push(states);
             Ok(())
         })?;
@@ -235,6 +369,101 @@ impl Engine {
             layout.shared_layers,
             layout.sliding_ring_len
         ))
+    }
+}
+
+impl State {
+    /// A call is about to reuse the cache: a stream or prefill in progress ends.
+    fn taken(&mut self) {
+        self.epoch += 1;
+        self.prefilled = None;
+    }
+}
+
+/// The iterator `Engine.tokens` and `Engine.stream` return: one decode step per `next`, made when asked.
+#[pyclass(module = "torchtpu_rs")]
+struct TokenStream {
+    engine: Py<Engine>,
+    stream: Mutex<Stream>,
+}
+
+/// A token stream's progress.
+struct Stream {
+    epoch: u64,
+    /// Logits to pick the next token from (after the prefill, or after the last step).
+    logits: Option<Tensor>,
+    /// The last token yielded, not yet fed back (the step is made at the next `next`, not ahead of it).
+    unfed: Option<Tensor>,
+    /// The position the unfed token goes to.
+    pos: i64,
+    made: i64,
+    max_new: i64,
+    stop: Vec<i64>,
+    sampler: Option<(Sampling, Rng)>,
+    done: bool,
+    /// The logits the last token was picked from.
+    last_logits: Option<Tensor>,
+}
+
+#[pymethods]
+impl TokenStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// last_logits() -> torch.Tensor | None
+    ///
+    /// The float32 logits [vocab] the last yielded token was picked from (before any sampling filter).
+    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stream = self.stream.lock().map_err(|_| PyRuntimeError::new_err("TokenStream: broken"))?;
+        match &stream.last_logits {
+            None => Ok(None),
+            Some(l) => {
+                Ok(Some(give(py, &l.f_to_kind(Kind::Float).and_then(|l| l.f_reshape([-1])).map_err(torch_error)?)?))
+            }
+        }
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        let engine = self.engine.bind(py).borrow();
+        let mut state = engine.state()?;
+        let mut stream = self.stream.lock().map_err(|_| PyRuntimeError::new_err("TokenStream: broken"))?;
+        let s: &mut Stream = &mut stream;
+        if s.done || s.made >= s.max_new {
+            s.done = true;
+            return Ok(None);
+        }
+        if state.epoch != s.epoch {
+            s.done = true;
+            return Err(PyRuntimeError::new_err(
+                "TokenStream: another call on the engine has reused its cache since this stream began",
+            ));
+        }
+        let st: &mut State = &mut state;
+        let result = py.detach(move || -> error::Result<(Tensor, i64)> {
+            if let Some(token) = s.unfed.take() {
+                s.logits = Some(st.model.step(&token, s.pos, &mut st.cache)?);
+                s.pos += 1;
+            }
+            let logits = s.logits.take().expect("logits after the prefill or a step");
+            let token = sampling::pick(&logits, s.sampler.as_mut().map(|(sampling, rng)| (&*sampling, rng)))?;
+            s.last_logits = Some(logits);
+            let id = token.f_int64_value(&[0])?;
+            s.made += 1;
+            if s.stop.contains(&id) {
+                s.done = true;
+            } else {
+                s.unfed = Some(token.f_reshape([1])?);
+            }
+            Ok((token, id))
+        });
+        match result {
+            Ok((_, id)) => Ok(Some(id)),
+            Err(e) => {
+                stream.done = true;
+                Err(e.into())
+            }
+        }
     }
 }
 
@@ -286,6 +515,79 @@ fn stop_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         .collect()
 }
 
+/// Stop ids checked against the vocabulary (None: no stop).
+fn checked_stop(stop: Option<&Bound<'_, PyAny>>, cfg: &TextConfig) -> PyResult<Vec<i64>> {
+    let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
+    let vocab = vocabulary(cfg);
+    if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
+        return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
+    }
+    Ok(stop)
+}
+
+fn check_max_new(max_new: i64, n: i64, ctx: i64) -> PyResult<()> {
+    if max_new < 0 || n + max_new > ctx {
+        return Err(PyValueError::new_err(format!(
+            "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
+        )));
+    }
+    Ok(())
+}
+
+/// A number argument: an int or float (not a bool), else a TypeError naming it.
+fn number<T: for<'a, 'py> FromPyObject<'a, 'py>>(
+    obj: Option<&Bound<'_, PyAny>>,
+    arg: &str,
+    what: &str,
+) -> PyResult<Option<T>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let got = || {
+        format!(
+            "{} {}",
+            obj.get_type().name().map_or("?".into(), |n| n.to_string()),
+            obj.repr().map_or("?".into(), |r| r.to_string())
+        )
+    };
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())));
+    }
+    obj.extract::<T>().map(Some).map_err(|_| PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())))
+}
+
+/// Greedy (None) unless temperature, top_k or top_p is given.
+fn sampling_args(
+    temperature: Option<&Bound<'_, PyAny>>,
+    top_k: Option<&Bound<'_, PyAny>>,
+    top_p: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Sampling>> {
+    let temperature = number::<f64>(temperature, "temperature", "a float")?;
+    let top_k = if top_k.is_some_and(|k| k.is_instance_of::<pyo3::types::PyFloat>()) {
+        return Err(PyTypeError::new_err(format!("top_k: expected an int, got float {}", top_k.unwrap())));
+    } else {
+        number::<i64>(top_k, "top_k", "an int")?
+    };
+    let top_p = number::<f64>(top_p, "top_p", "a float")?;
+    if temperature.is_none() && top_k.is_none() && top_p.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Sampling::new(temperature.unwrap_or(1.0), top_k, top_p)?))
+}
+
+/// The seed: an int (any size: taken modulo 2^64), or None for one from the clock.
+fn seed_arg(seed: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+    let Some(seed) = seed.filter(|s| !s.is_none()) else {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return Ok(now.as_nanos() as u64);
+    };
+    let is_int = seed.is_instance_of::<pyo3::types::PyInt>() && !seed.is_instance_of::<pyo3::types::PyBool>();
+    if !is_int {
+        let name = seed.get_type().name().map_or("?".into(), |n| n.to_string());
+        return Err(PyTypeError::new_err(format!("seed: expected an int, got {name} {}", seed.repr()?)));
+    }
+    let masked = seed.call_method1("__and__", (u64::MAX,))?;
+    masked.extract::<u64>()
+}
+
 /// The ids both embedding tables hold: what a prompt may contain.
 fn vocabulary(cfg: &TextConfig) -> i64 {
     cfg.vocab_size.min(cfg.vocab_size_per_layer_input)
@@ -316,12 +618,53 @@ fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> 
     Ok(config::layout(&cfg).into())
 }
 
+/// sample(logits, n, seed, temperature=1.0, top_k=None, top_p=None) -> list[int]
+///
+/// `n` draws from one row of logits, filtered and drawn exactly as `Engine.tokens` samples (for tests and for
+/// seeing what the arguments do).
+#[pyfunction]
+#[pyo3(signature = (logits, n, seed, temperature = None, top_k = None, top_p = None))]
+fn sample(
+    logits: &Bound<'_, PyAny>,
+    n: i64,
+    seed: &Bound<'_, PyAny>,
+    temperature: Option<&Bound<'_, PyAny>>,
+    top_k: Option<&Bound<'_, PyAny>>,
+    top_p: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<i64>> {
+    let logits = take(logits, "sample(logits)")?.f_reshape([1, -1]).map_err(torch_error)?;
+    let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
+    let mut rng = Rng::new(seed_arg(Some(seed))?);
+    let probs = sampling.probabilities(&logits)?;
+    (0..n).map(|_| Ok(rng.draw(&probs)?)).collect()
+}
+
+/// filtered_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Tensor
+///
+/// The float32 distribution `tokens` samples from: temperature, top-k, top-p as Transformers' processors.
+#[pyfunction]
+#[pyo3(signature = (logits, temperature = None, top_k = None, top_p = None))]
+fn filtered_probs<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    temperature: Option<&Bound<'py, PyAny>>,
+    top_k: Option<&Bound<'py, PyAny>>,
+    top_p: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let logits = take(logits, "filtered_probs(logits)")?;
+    let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
+    give(py, &sampling.probabilities(&logits)?)
+}
+
 /// The Rust half of torchtpu_rs: `Engine`, `layout_for`, and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
     m.py().import("torch")?;
     m.add_class::<Engine>()?;
+    m.add_class::<TokenStream>()?;
+    m.add_function(wrap_pyfunction!(sample, m)?)?;
+    m.add_function(wrap_pyfunction!(filtered_probs, m)?)?;
     m.add_function(wrap_pyfunction!(layout_for, m)?)?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
