@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
+# The package data in this repository (what `pip install steps/03_model` ships), not an installed copy of it.
+SHIPPED = ROOT / "steps" / "03_model" / "python" / "torchtpu_rs" / "checkpoints" / "trained-model"
 
 
 def compare(new: Path, old: Path) -> list[str]:
@@ -48,7 +50,6 @@ def compare(new: Path, old: Path) -> list[str]:
 
 def main(argv=None) -> None:
     from torchtpu_rs.checkpoints import export
-    from torchtpu_rs.checkpoints.trained_model import SHIPPED
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", type=Path, default=ROOT / ".cache" / "train" / "run" / "model.pt")
