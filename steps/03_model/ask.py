@@ -11,10 +11,9 @@ import sys
 import time
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
-from transformers import AutoTokenizer
-
 import torchtpu_rs
 from torchtpu_rs import cli, devices, prompting
+from transformers import AutoTokenizer
 
 PROMPT = ("Record 1: code 482913. Record 2: code 705126. Record 3: code 610395. "
           "What is the code of record 2? Answer:")

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 import torchtpu_rs
 from torchtpu_rs.checkpoints import specs, with_ct
 from torchtpu_rs.checkpoints.random_weights import random_tensor

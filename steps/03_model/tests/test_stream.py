@@ -4,10 +4,9 @@ import math
 
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
 import torchtpu_rs
 from torchtpu_rs import _engine
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 CTX = 2048
 PROMPT = [2, 17, 33, 101, 7, 250, 3, 88, 41, 12]  # 10 tokens; the tiny model's chunk (window) is 16
@@ -73,7 +72,8 @@ def test_another_call_ends_a_stream(tiny):
 
 def test_the_same_seed_gives_the_same_tokens(tiny):
     e = engine(tiny)
-    draws = lambda seed: list(e.stream(PROMPT, 30, temperature=1.3, top_k=50, top_p=0.95, seed=seed))
+    def draws(seed):
+        return list(e.stream(PROMPT, 30, temperature=1.3, top_k=50, top_p=0.95, seed=seed))
     assert draws(5) == draws(5)
     assert draws(5) != draws(6)
     assert list(e.stream(PROMPT, 30, temperature=1.0, seed=2**70)) == list(e.stream(PROMPT, 30, temperature=1.0,

@@ -13,8 +13,16 @@ The Python helpers beside the engine: `checkpoints` (make and cache checkpoints 
 """
 import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that torch loads)
 
-from ._engine import (BUILT_WITH_TORCH, RUSTC_VERSION, TCH_VERSION, Engine, TokenStream, filtered_probs, layout_for,
-                      sample)
+from ._engine import (
+    BUILT_WITH_TORCH,
+    RUSTC_VERSION,
+    TCH_VERSION,
+    Engine,
+    TokenStream,
+    filtered_probs,
+    layout_for,
+    sample,
+)
 
 __all__ = ["Engine", "TokenStream", "layout_for", "filtered_probs", "sample", "TCH_VERSION", "RUSTC_VERSION",
            "BUILT_WITH_TORCH"]
