@@ -4,9 +4,8 @@ import json
 
 import pytest
 import torch
-
 import torchtpu_rs
-from torchtpu_ways.baseline import Baseline
+from torchtpu_ways.baseline import Baseline, decode_slots_default, decode_slots_for
 from torchtpu_ways.checkpoint import DenseTable, PackedTable
 
 CTX = 2048
@@ -157,3 +156,41 @@ def test_both_count_the_same_weight_bytes_per_token(tiny, emb4):
     rust = torchtpu_rs.Engine(tiny / "text", twin, torch.zeros(1), 64, "bfloat16")
     python = Baseline(tiny / "text", twin, "cpu", 64, "bfloat16")
     assert rust.weight_bytes_per_token() == python.weight_bytes_per_token() > 0
+
+
+PROMPT = [2, 17, 33, 101, 7, 250, 3, 88, 41, 12]  # 10 tokens; the tiny model's chunk (window) is 16
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decode_over_the_bucket_equals_decode_over_all_slots(tiny, dtype):
+    """Tokens, and each decode step's logits bit for bit, across the 16/32/64/128-slot bucket boundaries; and
+    the bf16 tokens equal the Rust engine's with its default (bucket) decode."""
+    runs = {}
+    for decode_slots in ("bucket", "all"):
+        model = Baseline(tiny / "text", None, "cpu", CTX, dtype, decode_slots=decode_slots)
+        assert model.decode_slots == decode_slots
+        tokens = model.generate(PROMPT, 70)[0]
+        model.cache.clear()
+        for chunk, pos, slots in model.chunks(PROMPT):
+            model.forward(chunk, pos, slots)
+        logits = []
+        for n, token in enumerate(tokens[:-1]):
+            p = len(PROMPT) + n
+            slots = decode_slots_for(p, model.cfg.sliding_window, CTX, decode_slots)
+            out = model.forward(torch.tensor([token]), torch.tensor([p]), slots)
+            logits.append(model.head(out).float())
+        runs[decode_slots] = tokens, torch.cat(logits)
+    assert runs["bucket"][0] == runs["all"][0]
+    assert torch.equal(runs["bucket"][1], runs["all"][1])
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, dtype)
+    if dtype == "float32":
+        assert engine.generate(PROMPT, 70)[0] == runs["bucket"][0]
+
+
+def test_decode_slots_default_and_bad_values(tiny):
+    assert decode_slots_default("cpu") == "bucket" and decode_slots_default("tpu:0") == "all"
+    assert Baseline(tiny / "text", None, "cpu", CTX, "float32").decode_slots == "bucket"
+    with pytest.raises(ValueError, match="decode_slots='some'"):
+        Baseline(tiny / "text", None, "cpu", CTX, "float32", decode_slots="some")
+    assert [decode_slots_for(p, 16, CTX, "bucket") for p in (0, 15, 16, 31, 32, 2047)] == [16, 16, 32, 32, 64, 2048]
+    assert decode_slots_for(5, 16, CTX, "all") == CTX

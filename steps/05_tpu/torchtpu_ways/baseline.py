@@ -233,6 +233,25 @@ def full_slots_for(end: int, chunk: int, ctx: int) -> int:
 # --8<-- [end:full_slots]
 
 
+# --8<-- [start:decode_slots]
+DECODE_SLOTS = ("bucket", "all")
+
+
+def decode_slots_default(device) -> str:
+    """What a decode step attends over unless told: on a TPU all `ctx` slots (one shape, so one compiled program at
+    every position: the article's point); elsewhere the visible bucket (a few shapes, no work on empty slots)."""
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    return "all" if kind == "tpu" else "bucket"
+
+
+def decode_slots_for(pos: int, chunk: int, ctx: int, decode_slots: str) -> int:
+    """How many slots of a full cache a decode step at position `pos` attends over: a full cache holds position p in
+    slot p and decoding never passes ctx, so the step sees slots 0..pos — rounded up as a prompt chunk's ("bucket"),
+    or all ctx ("all"). Both give the same bits: the extra slots are masked."""
+    return full_slots_for(pos + 1, chunk, ctx) if decode_slots == "bucket" else ctx
+# --8<-- [end:decode_slots]
+
+
 class Slots:
     """Where one pass's tokens go in the caches of one attention kind, and what its queries may see: `written`
     (int64 [tokens], each token's slot), `seen` (the queries attend over a cache's first `seen` slots) and `masked`
@@ -325,12 +344,19 @@ class Baseline:
     ctx: context length, the length of the full-attention caches. dtype: "bfloat16" or "float32".
     compile: run the prompt read and every decode step through `torch.compile(decode_step)` (to compile
         `decode_step` yourself, pass compile=True too: it marks the caches for dynamo).
+    decode_slots: what a decode step's full layers attend over: "bucket" (the slots up to its position rounded up
+        to chunk × 2^k, as a prompt chunk's: one compiled program per bucket), "all" (all ctx slots: one program
+        at every position), or None: "all" on a TPU, else "bucket" (as the Rust Engine). Same bits either way.
     """
 
     # --8<-- [start:load]
-    def __init__(self, model_dir, emb4_dir, device, ctx: int, dtype: str = "bfloat16", compile: bool = False):
+    def __init__(self, model_dir, emb4_dir, device, ctx: int, dtype: str = "bfloat16", compile: bool = False,
+                 decode_slots: str | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: use \"bfloat16\" or \"float32\"")
+        if decode_slots not in (None, *DECODE_SLOTS):
+            raise ValueError(f"decode_slots={decode_slots!r}: use \"bucket\", \"all\" or None")
+        self.decode_slots = decode_slots or decode_slots_default(device)
         self.cfg = cfg = TextConfig.from_file(Path(model_dir) / "config.json")
         if not 1 <= ctx <= cfg.max_position_embeddings:
             raise ValueError(f"ctx={ctx}: must be between 1 and max_position_embeddings={cfg.max_position_embeddings}")
@@ -368,7 +394,7 @@ class Baseline:
         if compile:
             from .compiling import allow_recompiles  # here, not at the top: `compiling` imports this module
 
-            allow_recompiles(ctx, cfg.sliding_window)
+            allow_recompiles(ctx, cfg.sliding_window, self.decode_slots)
         # --8<-- [end:compile]
 
     def weight_bytes_per_token(self) -> int:
@@ -415,9 +441,9 @@ class Baseline:
     # --8<-- [start:decode_step]
     def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, full_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Read `ids` at `pos` into the cache and pick the next token on the device: returns it ([1], int64) and
-        its position. Tokens and positions stay device tensors and a decode step's `full_slots` is always `ctx` —
-        no Python number changes from step to step, so a compiled step is one program, whatever the position.
-        (A prompt chunk's `full_slots` is a bucket size: one program per bucket.)"""
+        its position. Tokens and positions stay device tensors; the only Python number is `full_slots`: always
+        `ctx` with decode_slots="all", so a compiled step is one program whatever the position; a bucket size with
+        "bucket" (and for a prompt chunk): one program per bucket."""
         out = self.forward(ids, pos, full_slots)
         token = self.head(out[-1:]).argmax(-1)
         return token, pos[-1:] + 1
@@ -473,7 +499,9 @@ class Baseline:
         start = time.perf_counter()
         stopped, pending, made = tokens[0] in stop, [], 1
         while made < max_new and not stopped:
-            token, pos = self.step(token, pos, self.ctx)
+            # the step's position is len(ids) + made - 1, known on the host: only its bucket reaches the step
+            slots = decode_slots_for(len(ids) + made - 1, self.cfg.sliding_window, self.ctx, self.decode_slots)
+            token, pos = self.step(token, pos, slots)
             pending.append(token)
             made += 1
             if len(pending) == read_every or made == max_new:

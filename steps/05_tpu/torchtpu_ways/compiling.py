@@ -1,6 +1,6 @@
 """The compile harness around the baseline: the shapes a compiler sees, dynamo's recompile limit, and what dynamo
 counted. Dynamo is imported only inside these functions: importing it takes seconds, and eager runs skip it."""
-from .baseline import full_slots_for
+from .baseline import decode_slots_for, full_slots_for
 
 
 # --8<-- [start:chunk_shapes]
@@ -10,16 +10,26 @@ def chunk_shapes(n: int, chunk: int, ctx: int) -> list[tuple[int, int]]:
 # --8<-- [end:chunk_shapes]
 
 
+# --8<-- [start:decode_shapes]
+def decode_shapes(n: int, max_new: int, chunk: int, ctx: int, decode_slots: str) -> set[int]:
+    """The full_slots of the decode steps after an n-token prompt (max_new tokens, the first from the read): one
+    compiled program each. "all": {ctx}; "bucket": each bucket the positions n .. n + max_new - 2 fall in."""
+    return {decode_slots_for(p, chunk, ctx, decode_slots) for p in range(n, n + max_new - 1)}
+# --8<-- [end:decode_shapes]
+
+
 # --8<-- [start:recompile_limit]
-def allow_recompiles(ctx: int, chunk: int) -> None:
+def allow_recompiles(ctx: int, chunk: int, decode_slots: str = "all") -> None:
     """Raise dynamo's recompile limit (a global) so that one compiled step covers any prompt that fits `ctx`: a
     prompt's read compiles a graph for each bucket of full_slots its whole chunks fall in and one for its last
-    chunk, and decoding one more; the limit allows two per bucket, plus one. Past the limit (8 graphs per function
-    by default) dynamo would quietly run the step eager."""
+    chunk, and decoding one more with decode_slots="all", one per bucket with "bucket"; the limit allows two per
+    bucket plus one, or three per bucket. Past the limit (8 graphs per function by default) dynamo would quietly
+    run the step eager."""
     import torch._dynamo
 
     buckets = len({slots for _, slots in chunk_shapes(ctx, chunk, ctx)})
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * buckets + 1)
+    graphs = 2 * buckets + (1 if decode_slots == "all" else buckets)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs)
 # --8<-- [end:recompile_limit]
 
 
