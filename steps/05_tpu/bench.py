@@ -100,7 +100,7 @@ def main() -> None:
     model, emb4 = folder / "text", folder / "emb4"
     ctx = cli.default_ctx(model)
     device = devices.choose_device(args.device)
-    ids = prompt.encode(model, prompt.PROMPT)
+    ids = prompt.encode(model, prompt.BENCH_PROMPT)
     bandwidth = memory_bandwidth_gb_s()
     print(f"E2B-shaped checkpoint (random weights), {len(ids)}-token prompt, {args.max_new} greedy tokens, "
           f"{args.dtype}, ctx {ctx}, on {device}; median of {args.repeat} fresh processes per way")

@@ -8,11 +8,11 @@ Each way runs in a fresh process; a way this device does not have (fused, off a 
 import argparse
 import sys
 
-from torchtpu_rs import cli, records
-
+from torchtpu_rs import cli, prompting, records
 from torchtpu_ways import prompt, tpu
 from torchtpu_ways.report import identity_lines, table
-from torchtpu_ways.ways import WAYS, median_row, run_way
+from torchtpu_ways.ways import WAYS, label, median_row, run_way
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,6 +31,7 @@ def main() -> None:
         ap.error("--max-new and --repeat must be at least 1")
     device = tpu.choose_device(args.device)
     ids = prompt.encode(args.model, args.prompt)
+    answer = prompt.expected(args.model, args.prompt)  # None for a prompt of your own
     print(f"{len(ids)}-token prompt, {args.max_new} greedy tokens, {args.dtype}, ctx {args.ctx}, on {device}; "
           f"each way in a fresh process{f', median of {args.repeat} runs' if args.repeat > 1 else ''}", flush=True)
 
@@ -39,13 +40,20 @@ def main() -> None:
         python = args.compile_python if way.startswith("python") else sys.executable
         runs = [run_way(way, args.model, args.emb4, device, args.dtype, args.ctx, ids, args.max_new, python)
                 for _ in range(args.repeat)]
-        rows.append(median_row(runs))
+        row = median_row(runs)
+        # how many tokens, from the first, are the right answer (the identity lines below compare ways)
+        row["tokens_correct"] = None if answer is None or not row["available"] else \
+            prompting.same_prefix(row["tokens"], answer)
+        rows.append(row)
     print(table(rows))
     identical = identity_lines(rows)
     print("\n".join(identical))
-    records.write_json(args.json, device, model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
+    if answer is not None:
+        print("\n".join(f"{label(r)}: first {r['tokens_correct']} of {args.max_new} tokens are the right answer"
+                        for r in rows if r["available"]))
+    records.write_json(args.json, device, model=records.name(args.model), emb4=records.name(args.emb4),
                        dtype=args.dtype, ctx=args.ctx, max_new=args.max_new, repeat=args.repeat, prompt=args.prompt,
-                       prompt_ids=ids, rows=rows, identical=identical)
+                       prompt_ids=ids, expected=answer, rows=rows, identical=identical)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ Each way runs in a fresh process through step 05's runner. Lengths default to th
 import argparse
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
-from transformers import AutoTokenizer
-
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, line, measure, verdict
-from torchtpu_rs import cli, devices, records
+from torchtpu_rs import cli, devices, prompting, records
 from torchtpu_ways.ways import WAYS
+from transformers import AutoTokenizer
 
 
 def main() -> None:
@@ -29,6 +28,7 @@ def main() -> None:
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else default_lengths(args.ctx, shortest(tokenizer, args.seed)))
 
+    stop = prompting.eos_ids(args.model)  # the answer ends where the model ends it
     print(HEADER)
     rows = []
     for length in lengths:
@@ -36,13 +36,13 @@ def main() -> None:
         these = []
         for way in args.ways.split(","):
             these.append(measure(way, prompt, tokenizer, args.model, args.emb4, str(device), args.dtype, args.ctx,
-                                 args.max_new))
+                                 args.max_new, stop))
             print(line(these[-1]), flush=True)
         print(f"  prompt of {len(prompt.ids)} tokens, record {prompt.asked} of {prompt.records}, "
               f"code {prompt.expected}: {verdict(these)}")
         rows += these
-    records.write_json(args.json, device, model=str(args.model), emb4=str(args.emb4) if args.emb4 else None,
-                       dtype=args.dtype, ctx=args.ctx, max_new=args.max_new, lengths=lengths, rows=rows)
+    records.write_json(args.json, device, model=records.name(args.model), emb4=records.name(args.emb4),
+                       dtype=args.dtype, ctx=args.ctx, max_new=args.max_new, lengths=lengths, stop=stop, rows=rows)
 
 
 if __name__ == "__main__":

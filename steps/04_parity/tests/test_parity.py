@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 import torchtpu_rs
+from safetensors.torch import load_file, save_file
 from torchtpu_parity import compare
-from torchtpu_rs.reference import transformers_model
 from torchtpu_rs import checkpoints
+from torchtpu_rs.reference import transformers_model
 
 RUN = Path(__file__).resolve().parents[1] / "run.py"
 PROMPT = [2, 17, 250, 33, 480, 5, 99, 301, 12, 40, 41, 7, 300, 301, 302, 9, 88, 120, 4]  # 19 tokens, as the article's
@@ -77,14 +76,28 @@ def test_the_plant_fault_demo_names_the_layer():
     assert "first layer past tolerance: after layer 6" in proc.stdout
 
 
+def test_the_default_model_answers_and_a_planted_fault_changes_the_answer(tmp_path):
+    """On the trained default model the prompt has a right answer; the fault makes the engine miss it."""
+    answers = {}
+    for fault in ([], ["--plant-fault", "3"]):
+        out = tmp_path / f"parity{len(fault)}.json"
+        subprocess.run([sys.executable, str(RUN), "--dtype", "float32", "--max-new", "8", *fault, "--json", str(out)],
+                       capture_output=True, text=True, check=True)
+        answers[bool(fault)] = json.loads(out.read_text())["answers"]
+    assert answers[False] == {"rust": " 220431", "hf": " 220431"}
+    assert answers[True]["hf"] == " 220431" and answers[True]["rust"] != " 220431"
+
+
 def test_run_py_prints_the_article_figures_and_a_complete_json(tmp_path):
     out = tmp_path / "parity.json"
     proc = subprocess.run([sys.executable, str(RUN), "--dtype", "float32", "--max-new", "16", "--json", str(out)],
                           capture_output=True, text=True, check=True)
     lines = proc.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["load", "top5", "top5", "max", "same", "first"]
+    assert [line.split()[0] for line in lines] == ["load", "top5", "top5", "max", "same", "first", "answer",
+                                                   "answer"]
     r = json.loads(out.read_text())
-    for key in ("meta", "top5_rust", "top5_hf", "max_abs_diff", "kl_hf_rs", "same", "of", "first_diff", "layers"):
+    for key in ("meta", "top5_rust", "top5_hf", "max_abs_diff", "kl_hf_rs", "same", "of", "first_diff", "layers",
+                "answers"):
         assert key in r
     assert set(r["top5_rust"]) == {"ids", "logits"} and r["of"] == 16
     assert r["meta"]["device"] == "cpu" and r["meta"]["transformers"] == "5.24.0"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from torchtpu_rs.prompting import same_prefix
 from torchtpu_ways.baseline import full_slots_for
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
-from torchtpu_ways.ways import FIGURES, WAYS, identical_prefix, label, median_row, run_way
+from torchtpu_ways.ways import FIGURES, WAYS, label, median_row, run_way
 from torchtpu_ways.worker import same_shapes_prefix
 
 STEP = Path(__file__).resolve().parents[1]
@@ -89,14 +89,14 @@ def test_run_way_refuses_fused_off_a_tpu_without_starting_a_process(tiny):
     assert row["available"] is False and row["load_s"] is None
 
 
-def test_median_row_label_and_identical_prefix():
+def test_median_row_label_and_same_prefix():
     runs = [{"way": "python-compile", "torch": "2.14.1", "available": True, "why": None, "tokens": [1, 2],
              **dict.fromkeys(FIGURES, float(i)), "graphs": g, "breaks": 0} for i, g in zip((3, 1, 2), (2, 3, 2))]
     row = median_row(runs)
     assert row["load_s"] == 2.0 and row["graphs"] == 2 and row["tokens"] == [1, 2]
     assert label(row) == "Python compile, torch 2.14.1"
     assert label({"way": "rust-eager", "torch": "2.13.0+cu130"}) == "Rust eager, torch 2.13"
-    assert identical_prefix([1, 2, 3], [1, 2, 4]) == 2 and identical_prefix([1, 2], [1, 2]) == 2
+    assert same_prefix([1, 2, 3], [1, 2, 4]) == 2 and same_prefix([1, 2], [1, 2]) == 2
 
 
 def test_targets_are_judged_met_missed_or_not_measured():

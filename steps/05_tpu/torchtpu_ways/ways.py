@@ -44,11 +44,13 @@ def worker_env(way: str, python: str) -> dict:
 
 # --8<-- [start:run_way]
 def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[int], max_new: int,
-            python: str = sys.executable, batched: bool = True, cold: str = "prompt") -> dict:
+            python: str = sys.executable, batched: bool = True, cold: str = "prompt",
+            stop: list[int] | None = None) -> dict:
     """Run one way in a fresh process (`python -m torchtpu_ways.worker` under `python`) and return its row:
     way, torch, available, why, load_s, first_s, graphs, breaks, streamed_tok_s, batched_tok_s, peak_gb,
     tokens, prompt_len, read_s and read_tok_s. `batched=False` skips the read-every-8 run; `cold="prefix"` makes the
-    cold run read only a prefix with the same chunk shapes (long prompts: one full read, not two)."""
+    cold run read only a prefix with the same chunk shapes (long prompts: one full read, not two); `stop`: ids that
+    end generation early (the checkpoint's eos ids), None for exactly `max_new` tokens."""
     if way not in WAYS:
         raise ValueError(f"way {way!r}: choose from {', '.join(WAYS)}")
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
@@ -59,7 +61,8 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
         cmd = [python, "-m", "torchtpu_ways.worker", "--way", way, "--model", str(model), "--device", str(device),
                "--dtype", dtype, "--ctx", str(ctx), "--ids", str(prompt), "--max-new", str(max_new),
                "--out", str(out), *(["--emb4", str(emb4)] if emb4 else []), *([] if batched else ["--no-batched"]),
-               *(["--cold", cold] if cold != "prompt" else [])]
+               *(["--cold", cold] if cold != "prompt" else []),
+               *(["--stop", ",".join(map(str, stop))] if stop else [])]
         proc = subprocess.run(cmd, env=worker_env(way, python), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
         if proc.returncode != 0:
@@ -86,8 +89,3 @@ def label(row: dict) -> str:
     release = row["torch"].split("+")[0]
     major, minor, patch = (release.split(".") + ["0", "0"])[:3]
     return f"{NAMES[row['way']]}, torch {major}.{minor}" + (f".{patch}" if patch != "0" else "")
-
-
-def identical_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens two runs share from the start."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -4,8 +4,8 @@
 a cold run with tokens read every step (`first_s`: the time to the first token, compiling included), then warm
 runs with tokens read every step (`streamed_tok_s`, `read_s`) and every 8 steps (`batched_tok_s`). With
 `--cold prefix` the cold run reads only the shortest prefix of the prompt that has the same chunk shapes, which
-compiles the same graphs: a 32,000-token prompt is then read about one and a half times, not twice. The Python ways import nothing
-from the Rust engine, so they can run under another interpreter and torch.
+compiles the same graphs: a 32,000-token prompt is then read about one and a half times, not twice. The Python
+ways import nothing from the Rust engine, so they can run under another interpreter and torch.
 """
 import argparse
 import json
@@ -36,7 +36,7 @@ def same_shapes_prefix(ids: list[int], model: str, ctx: int) -> list[int]:
     """The shortest prefix of `ids` whose read runs the same chunk shapes (tokens, full_slots) as reading all of
     `ids`: whole chunks up to the first one in the prompt's largest bucket, then a last chunk as long as the
     prompt's, in the same bucket as the prompt's last."""
-    config = json.loads((Path(model) / "config.json").read_text())
+    config = json.loads((Path(model) / "config.json").read_text())  # not torchtpu_rs: see the module docstring
     chunk = config.get("text_config", config)["sliding_window"]
     shapes = set(chunk_shapes(len(ids), chunk, ctx))
     last = len(ids) % chunk or chunk
@@ -58,20 +58,21 @@ def measure(args: argparse.Namespace) -> dict:
     load_s = time.perf_counter() - start
     # --8<-- [start:runs]
     cold = ids if args.cold == "prompt" else same_shapes_prefix(ids, args.model, args.ctx)
-    first_s = model.generate(cold, args.max_new, 1)[1]  # cold: compiling happens here
-    tokens, read_s, decode_s = model.generate(ids, args.max_new, 1)  # warm: streamed, one token at a time
-    batched_s = model.generate(ids, args.max_new, BATCH)[2] if args.batched else None
+    first_s = model.generate(cold, args.max_new, 1, stop=args.stop)[1]  # cold: compiling happens here
+    tokens, read_s, decode_s = model.generate(ids, args.max_new, 1, stop=args.stop)  # warm: one token at a time
+    batched = model.generate(ids, args.max_new, BATCH, stop=args.stop) if args.batched else None
     # --8<-- [end:runs]
     graphs = breaks = None
     if args.way == "python-compile":
         from .compiling import dynamo_counts
 
         graphs, breaks = dynamo_counts()
-    steps = args.max_new - 1  # decode steps after the token the prompt read yields
+    steps = len(tokens) - 1  # decode steps after the token the prompt read yields (fewer when a stop id came)
     return {
         "way": args.way, "torch": torch.__version__, "available": True, "why": None, "pid": os.getpid(),
         "load_s": load_s, "cold": args.cold, "first_s": first_s, "graphs": graphs, "breaks": breaks,
-        "streamed_tok_s": tok_s(steps, decode_s), "batched_tok_s": tok_s(steps, batched_s) if args.batched else None,
+        "streamed_tok_s": tok_s(steps, decode_s),
+        "batched_tok_s": tok_s(len(batched[0]) - 1, batched[2]) if batched else None,
         "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
     }
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, required=True)
     ap.add_argument("--ids", required=True, help="a JSON file holding the prompt ids")
     ap.add_argument("--max-new", type=int, required=True)
+    ap.add_argument("--stop", type=lambda s: [int(t) for t in s.split(",")], help="stop ids, comma-separated")
     ap.add_argument("--cold", choices=["prompt", "prefix"], default="prompt",
                     help="what the cold run reads: the prompt, or its shortest prefix with the same chunk shapes")
     ap.add_argument("--no-batched", dest="batched", action="store_false", help="skip the read-every-8 run")

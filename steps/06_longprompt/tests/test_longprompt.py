@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer
-
 import torchtpu_rs
-from torchtpu_rs.reference import transformers_model
 from torchtpu_longprompt import build_prompt, parse_answer, shortest
 from torchtpu_rs import checkpoints
+from torchtpu_rs.reference import transformers_model
 from torchtpu_ways.baseline import Baseline
+from transformers import AutoTokenizer
 
 RUN = Path(__file__).resolve().parents[1] / "run.py"
 CTX = 2048
@@ -87,10 +86,12 @@ def test_run_py_table_and_json(tmp_path):
                            "--ways", "rust-fused,rust-eager,python-eager", "--json", str(out)],
                           capture_output=True, text=True, check=True)
     assert proc.stdout.splitlines()[0].split() == ["way", "prompt", "read", "s", "read", "tok/s", "decode",
-                                                   "answer", "found"]
+                                                   "answer", "expected", "found"]
     assert proc.stdout.count("all ways gave") == 2  # float32: Rust and Python give the same answer
     r = json.loads(out.read_text())
     assert r["meta"]["device"] == "cpu" and r["lengths"] == [40, 300]
+    assert r["stop"] == [1]  # the default model's <eos>: answers end where the model ends them
+    assert all(row["found"] for row in r["rows"] if row["available"] and row["prompt_tokens"] <= 40)
     keys = {"way", "available", "prompt_tokens", "read_s", "read_tok_s", "decode_tok_s", "answer", "expected",
             "found"}
     for row in r["rows"]:

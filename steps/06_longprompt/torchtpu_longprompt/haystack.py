@@ -8,6 +8,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from torchtpu_rs import prompting
+
 # The article's prompt lengths in its 33,024-token context: 61, 4,081 and 32,761 tokens.
 ARTICLE_FRACTIONS = (61 / 33024, 4081 / 33024, 32761 / 33024)
 
@@ -32,13 +34,10 @@ def _text(codes: list[str], asked: int) -> tuple[str, str]:
 
 
 def _encode(tokenizer, records: str, question: str) -> list[int]:
-    """Ids as the model expects them: the chat template when the tokenizer has one, <bos> first."""
-    if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": f"{records}\n\n{question}"}],
-                                            add_generation_prompt=True, return_dict=False)
-    else:
-        ids = tokenizer.encode(f"{records} {question}", add_special_tokens=False)
-    return ids if ids[:1] == [tokenizer.bos_token_id] else [tokenizer.bos_token_id, *ids]
+    """Ids as the model expects them (torchtpu_rs.prompting.encode); a chat turn puts the question on a paragraph
+    of its own, plain text (the default model's training format) one space after the records."""
+    text = f"{records}\n\n{question}" if tokenizer.chat_template else f"{records} {question}"
+    return prompting.encode(tokenizer, text)
 
 
 # --8<-- [start:build]
@@ -75,7 +74,8 @@ def build_prompt(tokenizer, target: int, seed: int = 0) -> Prompt:
 
 
 def parse_answer(text: str) -> str | None:
-    """The first number in the model's reply (digits split by spaces joined first), or None."""
+    """The first number in the model's reply, read up to its end mark (digits split by spaces joined first), or
+    None. Callers cut the reply at the checkpoint's eos ids before decoding it (measure.py)."""
     joined = re.sub(r"(?<=\d)\s+(?=\d)", "", text)
     match = re.search(r"\d+", joined)
     return match.group() if match else None

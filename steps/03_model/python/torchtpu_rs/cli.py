@@ -1,37 +1,39 @@
 """The flags every engine script shares (--model, --emb4, --device, --dtype, --ctx, --json) and what they
 resolve to, so steps 03-06 mean the same thing by each."""
 import argparse
-import json
 from pathlib import Path
 
 from . import checkpoints
+from .prompting import text_config
 
 ARTICLE_CTX = 33024  # the article's context: 33,024 tokens
 
 
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", type=Path, help="a -text checkpoint folder (default: the tiny one, made on first use)")
-    ap.add_argument("--emb4", type=Path, help="its -text-emb4 twin (default: the tiny twin when --model is not given)")
+    ap.add_argument("--model", type=Path,
+                    help="a -text checkpoint folder (default: the trained model step 03 ships)")
+    ap.add_argument("--emb4", type=Path,
+                    help="its -text-emb4 twin (default: the shipped twin when --model is not given)")
     ap.add_argument("--no-emb4", action="store_true", help="run on the -text checkpoint alone")
     ap.add_argument("--layout", default="causal", choices=checkpoints.LAYOUTS,
-                    help="layout of the default tiny checkpoint: Gemma4ForCausalLM or the multimodal one")
+                    help="layout of the default checkpoint: Gemma4ForCausalLM or the multimodal one")
     ap.add_argument("--device", default="auto", choices=["auto", "tpu", "cuda", "cpu"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--ctx", type=int, help=f"context length (default: {ARTICLE_CTX} for E2B-sized configs, 2048 for tiny)")
+    ap.add_argument("--ctx", type=int,
+                    help=f"context length (default: {ARTICLE_CTX} for E2B-sized configs, 2048 for small ones)")
     ap.add_argument("--json", metavar="PATH", help="also write the results, with a meta block, as JSON")
 
 
 def default_ctx(model_dir: Path) -> int:
     """The article's 33,024 tokens for a real-sized model; 2,048 for a toy one (hidden size under 1,024)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    text = config.get("text_config", config)
+    text = text_config(model_dir)
     return min(ARTICLE_CTX if text["hidden_size"] >= 1024 else 2048, text["max_position_embeddings"])
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill in the defaults: the tiny checkpoint and its twin, and the context length for the model."""
+    """Fill in the defaults: the shipped trained checkpoint and its twin, and the context length for the model."""
     if args.model is None:
-        folder = checkpoints.tiny(args.layout)
+        folder = checkpoints.trained(args.layout)
         args.model, args.emb4 = folder / "text", args.emb4 or folder / "emb4"
     if args.no_emb4:
         args.emb4 = None
