@@ -48,7 +48,12 @@ def test_int4_answers_as_bf16_does(layout, twin):
         a, b = int4.logits(ids, [len(ids) - 1])[0], bf16.logits(ids, [len(ids) - 1])[0]
         with torch.no_grad():
             want = hf(torch.tensor([ids])).logits[0, -1].float()
-        assert torch.equal(a.topk(5).indices, b.topk(5).indices), n
+        # the same five tokens; in the same order but where two of them are a near-tie (the emb4 twin's 4th and 5th
+        # differ by 0.03 in bf16 logits, each about e^-12.5 as likely as the answer)
+        ia, (vb, ib) = a.topk(5).indices, b.topk(5)
+        assert set(ia.tolist()) == set(ib.tolist()), n
+        swapped = ia != ib
+        assert not swapped.any() or (b[ia[swapped]] - vb[swapped]).abs().max().item() <= 0.05, n
         assert kl(b, a) <= 1e-3, (n, kl(b, a))
         assert kl(want, a) <= 1e-2, (n, kl(want, a))
         tokens = int4.generate(ids, 10, stop=stop)[0]
