@@ -5,6 +5,7 @@
 A fresh process per way is not only hygiene: TorchTPU reads its eager mode (fused or not) once, when the backend
 starts, so the fused way cannot share a process with the others; and peak memory is the process's own.
 """
+import importlib.util
 import json
 import os
 import statistics
@@ -17,7 +18,9 @@ from . import tpu
 
 WAYS = ["rust-fused", "rust-eager", "python-compile", "python-eager"]
 NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile": "Python compile",
-         "python-eager": "Python eager"}
+         "python-eager": "Python eager", "rust-int4": "Rust int4"}
+# Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit.
+OPTIONAL = ["rust-int4"]
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
            "read_s", "read_tok_s", "bytes_per_token"]
@@ -51,10 +54,12 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
     tokens, prompt_len, read_s and read_tok_s. `batched=False` skips the read-every-8 run; `cold="prefix"` makes the
     cold run read only a prefix with the same chunk shapes (long prompts: one full read, not two); `stop`: ids that
     end generation early (the checkpoint's eos ids), None for exactly `max_new` tokens."""
-    if way not in WAYS:
-        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS)}")
+    if way not in WAYS + OPTIONAL:
+        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}")
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
         return unavailable(way, tpu.NO_TPU)
+    if way == "rust-int4" and python == sys.executable and importlib.util.find_spec("torchtpu_int4") is None:
+        return unavailable(way, "step 07 (torchtpu_int4) is not installed")
     with tempfile.TemporaryDirectory(prefix="torchtpu-way-") as tmp:
         prompt, out = Path(tmp) / "ids.json", Path(tmp) / "row.json"
         prompt.write_text(json.dumps(list(ids)))
