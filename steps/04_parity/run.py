@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import torch  # first: the engine reuses the libtorch it loads
-from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
-
 import torchtpu_rs
+from safetensors.torch import load_file, save_file
 from torchtpu_parity import compare
-from torchtpu_rs.reference import transformers_model
 from torchtpu_rs import cli, prompting, records
+from torchtpu_rs.reference import transformers_model
+from transformers import AutoTokenizer
 
 # The task the default model learned; its right answer is 220431.
 PROMPT = ("Record 1: code 482913. Record 2: code 705126. Record 3: code 610395. Record 4: code 238470. "
@@ -33,12 +32,14 @@ def prompt_ids(tokenizer, length: int | None) -> list[int]:
 
 
 def plant_fault(model: Path, layer: int, into: Path) -> Path:
-    """A copy of `model` with one layer's down_proj scales tripled: a bug the layer comparison must find."""
+    """A copy of `model` with one layer's query projection negated (its scales times -1): the layer attends to
+    the wrong tokens, a bug the layer comparison must find. (Scaling a projection up would hide: the norm after
+    each block undoes it.)"""
     faulty = into / model.name
     shutil.copytree(model, faulty)
     tensors = load_file(faulty / "model.safetensors")
-    name = next(k for k in tensors if k.endswith(f"layers.{layer}.mlp.down_proj.weight_scale"))
-    tensors[name] = tensors[name] * 3
+    name = next(k for k in tensors if k.endswith(f"layers.{layer}.self_attn.q_proj.weight_scale"))
+    tensors[name] = -tensors[name]
     save_file(tensors, faulty / "model.safetensors", metadata={"format": "pt"})
     return faulty
 
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
     ap.add_argument("--plant-fault", type=int, metavar="LAYER",
-                    help="demo: give the engine a copy whose LAYER has its MLP scales tripled (the reference stays clean)")
+                    help="demo: the engine gets a copy whose LAYER has its queries negated (the reference: clean)")
     args = cli.resolve(ap.parse_args())
     if args.device not in ("auto", "cpu"):
         ap.error("parity runs on the CPU, where Transformers is the reference: use --device cpu")

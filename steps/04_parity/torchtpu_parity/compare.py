@@ -7,8 +7,6 @@
 - per layer: each hidden state's largest difference, and the first one past tolerance.
 """
 import torch
-from transformers import GenerationConfig
-
 import torchtpu_rs
 from torchtpu_rs.prompting import same_prefix
 
@@ -44,8 +42,16 @@ def layer_report(ours: list[torch.Tensor], theirs: list[torch.Tensor], dtype: st
 # --8<-- [end:figures]
 
 
-def greedy_config(n: int) -> GenerationConfig:
-    return GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+@torch.no_grad()
+def greedy(reference, ids: list[int], n: int) -> list[int]:
+    """Transformers' greedy continuation, argmax after argmax through its own cache, for exactly n tokens. Not
+    `generate()`: it stops at <eos>, or with `min_new_tokens` holds <eos> back and picks the runner-up instead."""
+    out = reference(torch.tensor([ids]), use_cache=True)
+    tokens = []
+    for _ in range(n):
+        tokens.append(int(out.logits[0, -1].argmax()))
+        out = reference(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
 
 
 # --8<-- [start:compare]
@@ -57,9 +63,7 @@ def compare(engine: "torchtpu_rs.Engine", reference, ids: list[int], max_new: in
     out = reference(torch.tensor([ids]), output_hidden_states=layers)
     theirs = out.logits[0].float()
     ours_tokens = engine.generate(ids, max_new)[0]
-    prompt = torch.tensor([ids])
-    theirs_tokens = reference.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                       generation_config=greedy_config(max_new))[0, len(ids):].tolist()
+    theirs_tokens = greedy(reference, ids, max_new)
     same = same_prefix(ours_tokens, theirs_tokens)
     result = {
         "top5_rust": top5(ours[-1]), "top5_hf": top5(theirs[-1]),
