@@ -42,7 +42,8 @@ def name(path) -> str | None:
 
 def meta(device: torch.device | str) -> dict:
     return {
-        "device": str(device), "cpu": cpu_model(), "cores": os.cpu_count(),
+        "device": str(device), "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__,
         "tch": _engine.TCH_VERSION, "rustc": _engine.RUSTC_VERSION,
         "transformers": _version("transformers"), "compressed_tensors": _version("compressed-tensors"),
@@ -56,7 +57,8 @@ def header(meta: dict) -> str:
     """The two lines above every recorded output: where and when it ran, and on which versions."""
     versions = " · ".join(f"{k} {meta[k]}" for k in ("python", "torch", "tch", "transformers",
                                                      "compressed_tensors", "rustc") if meta.get(k))
-    return (f"# recorded {meta['date'][:10]} on {meta['device']} ({meta['cpu']}, {meta['cores']} cores)\n"
+    cpu = ", ".join(str(meta[k]) for k in ("cpu", "cpu_capability") if meta.get(k))  # e.g. "AMD EPYC …, AVX2"
+    return (f"# recorded {meta['date'][:10]} on {meta['device']} ({cpu}, {meta['cores']} cores)\n"
             f"# {versions}")
 
 
