@@ -1,0 +1,485 @@
+//! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit for ATen's
+//! int4 kernel (`weights="int4"`), or dequantized at load as in step 03 (`weights="bf16"`).
+//!
+//! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
+//! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
+mod bridge;
+mod config;
+mod error;
+mod gemma;
+mod int4;
+mod weights;
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple};
+use tch::{Kind, Tensor};
+
+use bridge::{give, take, torch_error};
+use config::{Config, TextConfig};
+use error::Error;
+use gemma::{Cache, Gemma, Generation};
+use int4::Weights;
+use weights::Checkpoint;
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        match e {
+            Error::NotFound { .. } => PyFileNotFoundError::new_err(e.to_string()),
+            Error::Invalid(msg) => PyValueError::new_err(msg),
+            Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
+            Error::Torch(t) => torch_error(t),
+        }
+    }
+}
+
+struct State {
+    model: Gemma,
+    cache: Cache,
+    /// Why the linears are held the way they are (what `weights="auto"` found, or what was asked for).
+    weights_reason: String,
+}
+
+/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, weights="auto")
+///
+/// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
+///
+/// model_dir: a -text checkpoint folder (config.json + safetensors, one file or sharded).
+/// emb4_dir: None, or the -text-emb4 twin: every table it holds packed is taken from it and kept packed.
+/// like: any tensor on the target device (tpu, cuda or cpu); only its device matters.
+/// ctx: context length, i.e. the length of the full-attention caches.
+/// dtype: "bfloat16" or "float32", the precision of the arithmetic.
+/// progress: None, or a callable(done, total) called while layers load.
+/// weights: "int4" (linears and a packed head kept 4-bit, multiplied by aten::_weight_int4pack_mm_for_cpu;
+///   NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
+///   "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
+///   was taken and `engine.weights_reason` why.
+///
+/// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
+#[pyclass(module = "torchtpu_int4")]
+struct Engine {
+    owner: ThreadId,
+    state: Mutex<State>,
+}
+
+fn compute_dtype(dtype: &str) -> PyResult<Kind> {
+    match dtype {
+        "bfloat16" => Ok(Kind::BFloat16),
+        "float32" => Ok(Kind::Float),
+        _ => Err(PyValueError::new_err(format!("dtype={dtype:?}: use \"bfloat16\" or \"float32\""))),
+    }
+}
+
+// --8<-- [start:choose]
+/// What `weights=` means on like's device: (how to hold the linears, whether a matrix the kernel refuses may stay
+/// dense instead, why).
+fn choose_weights(weights: &str, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
+    let kernel = int4::KERNEL;
+    match weights {
+        "bf16" => Ok((Weights::Bf16, false, "weights=\"bf16\": dequantized at load, as in step 03".into())),
+        "int4" => match int4::probe(like) {
+            Ok(()) if dtype == Kind::Float => Ok((
+                Weights::Int4,
+                false,
+                format!(
+                    "weights=\"int4\" with float32 activations: {kernel}'s scalar path (slow on x86; exact scales)"
+                ),
+            )),
+            Ok(()) => Ok((Weights::Int4, false, format!("weights=\"int4\": {kernel}"))),
+            Err(why) => Err(PyNotImplementedError::new_err(format!(
+                "weights=\"int4\": {why}. Only the CPU kernel is implemented (CUDA's aten::_weight_int4pack_mm \
+                 takes another layout; TorchTPU has no int4 kernel known); use weights=\"bf16\" or \"auto\""
+            ))),
+        },
+        "auto" => Ok(match int4::probe(like) {
+            Ok(()) if dtype == Kind::BFloat16 => (Weights::Int4, true, format!("auto: {kernel} runs on this device")),
+            Ok(()) => (
+                Weights::Bf16,
+                false,
+                format!(
+                    "auto: float32 activations would take {kernel}'s scalar path, slower than the dense float32 \
+                 product; weights=\"int4\" forces it"
+                ),
+            ),
+            Err(why) => (Weights::Bf16, false, format!("auto: {why}")),
+        }),
+        _ => Err(PyValueError::new_err(format!("weights={weights:?}: use \"int4\", \"bf16\" or \"auto\""))),
+    }
+}
+// --8<-- [end:choose]
+
+/// int4_kernel(like) -> (bool, str)
+///
+/// Whether aten::_weight_int4pack_mm_for_cpu runs on like's device (tried on a small matrix), and why not.
+#[pyfunction]
+fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
+    let like = take(like, "int4_kernel(like)")?;
+    Ok(match int4::probe(&like) {
+        Ok(()) => (true, format!("{} runs on this device", int4::KERNEL)),
+        Err(why) => (false, why),
+    })
+}
+
+/// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
+fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<weights::Packed> {
+    let (packed, scale) = (take(packed, "weight_packed")?, take(scale, "weight_scale")?);
+    let rows = packed.size().first().copied().unwrap_or(0);
+    if packed.kind() != Kind::Int || packed.size() != [rows, (cols + 7) / 8] {
+        return Err(PyValueError::new_err(format!(
+            "weight_packed: {:?} {:?}, need int32 [rows, ceil(cols / 8)] = [{rows}, {}]",
+            packed.kind(),
+            packed.size(),
+            (cols + 7) / 8
+        )));
+    }
+    let groups = scale.size().get(1).copied().unwrap_or(0);
+    let ok_kind = matches!(scale.kind(), Kind::BFloat16 | Kind::Half);
+    if !ok_kind || scale.dim() != 2 || scale.size()[0] != rows || groups == 0 || cols % groups != 0 {
+        return Err(PyValueError::new_err(format!(
+            "weight_scale: {:?} {:?}, need bf16 or f16 [{rows}, groups] with groups dividing cols = {cols}",
+            scale.kind(),
+            scale.size()
+        )));
+    }
+    Ok(weights::Packed::new(packed.to_device(tch::Device::Cpu), scale.to_device(tch::Device::Cpu), cols)?)
+}
+
+/// repack(weight_packed, weight_scale, cols, dtype="bfloat16") -> (packed, scale_zeros)
+///
+/// A checkpoint's packed matrix (int32 words of 8 nibbles q + 8, low first; scales [rows, cols / group]) in the
+/// int4 kernel's layout, as the Engine makes it: uint8 [rows, cols / 2] and [cols / group, rows, 2] (scale, 0) in
+/// `dtype`, the activation dtype. NotImplementedError for a shape or group size the kernel does not take.
+#[pyfunction]
+#[pyo3(signature = (weight_packed, weight_scale, cols, dtype = "bfloat16"))]
+fn repack<'py>(
+    py: Python<'py>,
+    weight_packed: &Bound<'py, PyAny>,
+    weight_scale: &Bound<'py, PyAny>,
+    cols: i64,
+    dtype: &str,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let w = packed_from(weight_packed, weight_scale, cols)?;
+    let cpu = Tensor::f_empty([0], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?;
+    let linear = int4::Int4Linear::new("weight_packed", &w, compute_dtype(dtype)?, &cpu)?;
+    let (packed, scale_zeros) = linear.parts();
+    Ok((give(py, packed)?, give(py, scale_zeros)?))
+}
+
+/// int4_linear(x, weight_packed, weight_scale, cols) -> torch.Tensor
+///
+/// x · Wᵀ through the Engine's int4 path: the matrix repacked, then the int4 kernel, in x's dtype (bf16 or f32).
+#[pyfunction]
+fn int4_linear<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    weight_packed: &Bound<'py, PyAny>,
+    weight_scale: &Bound<'py, PyAny>,
+    cols: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let x = take(x, "x")?;
+    let w = packed_from(weight_packed, weight_scale, cols)?;
+    if !matches!(x.kind(), Kind::BFloat16 | Kind::Float) {
+        return Err(PyTypeError::new_err(format!("x: {:?}, need bfloat16 or float32", x.kind())));
+    }
+    if x.dim() != 2 || x.size()[1] != cols {
+        return Err(PyValueError::new_err(format!("x: shape {:?}, need [tokens, {cols}]", x.size())));
+    }
+    let linear = int4::Int4Linear::new("weight_packed", &w, x.kind(), &x)?;
+    give(py, &linear.forward(&x)?)
+}
+
+fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
+    let most = cfg.max_position_embeddings;
+    if ctx < 1 || ctx > most {
+        return Err(PyValueError::new_err(format!("ctx={ctx}: must be between 1 and max_position_embeddings={most}")));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, weights = "auto"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        model_dir: PathBuf,
+        emb4_dir: Option<PathBuf>,
+        like: &Bound<'_, PyAny>,
+        ctx: i64,
+        dtype: &str,
+        progress: Option<Bound<'_, PyAny>>,
+        weights: &str,
+    ) -> PyResult<Self> {
+        let dtype = compute_dtype(dtype)?;
+        let like = take(like, "Engine(like)")?;
+        let (weights, fallback, weights_reason) = choose_weights(weights, dtype, &like)?;
+        let checkpoint = Checkpoint::open(&model_dir)?;
+        check_ctx(ctx, &checkpoint.config.text)?;
+        let twin = emb4_dir.as_deref().map(Checkpoint::open).transpose()?;
+        let mut report_error = None;
+        let mut report = |done: usize, total: usize| {
+            if let (Some(callback), None) = (&progress, &report_error) {
+                report_error = callback.call1((done, total)).err();
+            }
+        };
+        let model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, weights, fallback, &mut report)?;
+        if let Some(e) = report_error {
+            return Err(e);
+        }
+        let weights_reason = match model.kept_dense.len() {
+            0 => weights_reason,
+            n => format!(
+                "{weights_reason}; {n} packed matrices the kernel cannot take held bf16: {:?}",
+                model.kept_dense
+            ),
+        };
+        let cache = model.new_cache(ctx)?;
+        let state = State { model, cache, weights_reason };
+        Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
+    }
+
+    /// "int4" or "bf16": how this engine holds its linears.
+    #[getter]
+    fn weights(&self) -> PyResult<&'static str> {
+        Ok(self.state()?.model.weights.name())
+    }
+
+    /// Why: what weights="auto" found on this device, or what was asked for.
+    #[getter]
+    fn weights_reason(&self) -> PyResult<String> {
+        Ok(self.state()?.weights_reason.clone())
+    }
+
+    /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
+    fn layout(&self) -> PyResult<(i64, i64, i64, i64)> {
+        Ok(config::layout(&self.state()?.model.cfg).into())
+    }
+
+    /// generate(ids, max_new, read_every=1, stop=None) -> (tokens, read_s, decode_s)
+    ///
+    /// Greedy tokens after the prompt `ids`: exactly `max_new` of them, or with `stop` (a list, tuple or set
+    /// of token ids) up to and including the first one in `stop`. read_s: the prompt read, which also yields
+    /// the first token; decode_s: the decode steps made after it, so decode tok/s = (len(tokens) - 1) /
+    /// decode_s. Tokens reach the host every `read_every` steps, and a stop is seen only then: with
+    /// read_every > 1, up to read_every - 1 steps past it are made, dropped, and counted in decode_s.
+    #[pyo3(signature = (ids, max_new, read_every = 1, stop = None))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        max_new: i64,
+        read_every: i64,
+        stop: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Vec<i64>, f64, f64)> {
+        let ids = token_ids(ids, "generate(ids)")?;
+        let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
+        let mut state = self.state()?;
+        let ctx = state.cache.ctx;
+        check_ids(&ids, &state.model.cfg, ctx)?;
+        let vocab = vocabulary(&state.model.cfg);
+        if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
+        }
+        if max_new < 0 || ids.len() as i64 + max_new > ctx {
+            return Err(PyValueError::new_err(format!(
+                "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({} + {max_new} > {ctx})",
+                ids.len()
+            )));
+        }
+        if read_every < 1 {
+            return Err(PyValueError::new_err(format!("read_every={read_every}: must be >= 1")));
+        }
+        // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if they
+        // touch this engine). `&mut` is Send where `&` would need Sync, which tensors are not.
+        let state: &mut State = &mut state;
+        let Generation { tokens, read_s, decode_s } =
+            py.detach(move || state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache))?;
+        Ok((tokens, read_s, decode_s))
+    }
+
+    /// logits(ids, positions=None) -> torch.Tensor
+    ///
+    /// float32 [n, vocab] logits at `positions` (indices into ids; default all), computed through the same
+    /// chunked read and caches as generate, from a fresh cache.
+    #[pyo3(signature = (ids, positions = None))]
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = token_ids(ids, "logits(ids)")?;
+        let positions = positions.map(|p| token_ids(p, "logits(positions)")).transpose()?;
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let n = ids.len() as i64;
+        let positions = positions.unwrap_or_else(|| (0..n).collect());
+        if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= n) {
+            return Err(PyValueError::new_err(format!("positions: {p} is not an index into ids (len {n})")));
+        }
+        let State { model, cache, .. } = &mut *state;
+        let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
+        model.read(&ids, cache, false, |start, out, _| {
+            for (slot, &p) in rows.iter_mut().zip(&positions) {
+                if (start..start + out.size()[0]).contains(&p) {
+                    let row = model.head(&out.f_narrow(0, p - start, 1)?)?;
+                    *slot = Some(row.f_to_kind(Kind::Float)?);
+                }
+            }
+            Ok(())
+        })?;
+        let rows: Vec<Tensor> = rows.into_iter().map(|r| r.expect("every position lies in some chunk")).collect();
+        let logits = if rows.is_empty() {
+            Tensor::f_empty([0, model.cfg.vocab_size], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?
+        } else {
+            Tensor::f_cat(&rows, 0).map_err(torch_error)?
+        };
+        give(py, &logits)
+    }
+
+    /// hidden_states(ids) -> list[torch.Tensor]
+    ///
+    /// L + 1 tensors [len(ids), hidden] in Transformers' convention: the input of each layer, then the
+    /// final-norm output.
+    fn hidden_states<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let ids = token_ids(ids, "hidden_states(ids)")?;
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let State { model, cache, .. } = &mut *state;
+        let mut chunks: Vec<Vec<Tensor>> = Vec::new();
+        model.read(&ids, cache, true, |_, _, states| {
+            chunks.push(states);
+            Ok(())
+        })?;
+        let layers = chunks.first().map_or(0, |c| c.len());
+        let mut out = Vec::new();
+        for layer in 0..layers {
+            let parts: Vec<&Tensor> = chunks.iter().map(|c| &c[layer]).collect();
+            out.push(give(py, &Tensor::f_cat(&parts, 0).map_err(torch_error)?)?);
+        }
+        PyList::new(py, out)
+    }
+
+    /// weight_bytes_per_token() -> int
+    ///
+    /// Bytes of weights one decode step reads, in the dtypes the engine holds them (not the bytes on disk).
+    fn weight_bytes_per_token(&self) -> PyResult<i64> {
+        Ok(self.state()?.model.weight_bytes_per_token())
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let state = self.state()?;
+        let (cfg, ctx) = (&state.model.cfg, state.cache.ctx);
+        let layout = config::layout(cfg);
+        Ok(format!(
+            "Engine(layers={}, weights={}, dtype={:?}, ctx={ctx}, full_rings={}, sliding_rings={}, shared_layers={}, \
+             sliding_ring_len={})",
+            cfg.num_hidden_layers,
+            state.model.weights.name(),
+            state.model.dtype,
+            layout.full_rings,
+            layout.sliding_rings,
+            layout.shared_layers,
+            layout.sliding_ring_len
+        ))
+    }
+}
+
+impl Engine {
+    /// The engine's state, for the thread that created it only: libtorch (and a TPU's runtime) state belongs to
+    /// that thread. PyO3's `unsendable` would panic instead of raising, so the check is ours.
+    fn state(&self) -> PyResult<MutexGuard<'_, State>> {
+        if std::thread::current().id() != self.owner {
+            return Err(PyRuntimeError::new_err(
+                "Engine: called from a thread other than the one that created it; \
+                 create the Engine in the thread that uses it",
+            ));
+        }
+        self.state
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("Engine: an earlier call failed midway; create a new Engine"))
+    }
+}
+
+/// A list of ints from Python; anything else is a TypeError that names the argument.
+fn token_ids(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let wrong = |why: String| PyTypeError::new_err(format!("{arg}: expected a list of ints, {why}"));
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(wrong("got str".into()));
+    }
+    obj.extract::<Vec<i64>>()
+        .map_err(|e| wrong(format!("got {}: {e}", obj.get_type().name().map_or("?".into(), |n| n.to_string()))))
+}
+
+/// Stop ids from Python: a list, tuple or set of ints; anything else is a TypeError that names `stop`.
+fn stop_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let type_name = |o: &Bound<'_, PyAny>| o.get_type().name().map_or("?".into(), |n| n.to_string());
+    let collection = obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>();
+    if !collection {
+        let got = format!("{} {}", type_name(obj), obj.repr().map_or("?".into(), |r| r.to_string()));
+        return Err(PyTypeError::new_err(format!("stop: expected a list, tuple or set of ints, got {got}")));
+    }
+    obj.try_iter()?
+        .map(|item| {
+            let item = item?;
+            item.extract::<i64>().map_err(|_| {
+                let got = format!("{} {}", type_name(&item), item.repr().map_or("?".into(), |r| r.to_string()));
+                PyTypeError::new_err(format!("stop: expected ints, got {got}"))
+            })
+        })
+        .collect()
+}
+
+/// The ids both embedding tables hold: what a prompt may contain.
+fn vocabulary(cfg: &TextConfig) -> i64 {
+    cfg.vocab_size.min(cfg.vocab_size_per_layer_input)
+}
+
+/// Prompt ids must be in the vocabulary and fit the context.
+fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
+    if ids.is_empty() {
+        return Err(PyValueError::new_err("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)"));
+    }
+    if ids.len() as i64 > ctx {
+        return Err(PyValueError::new_err(format!("ids: {} tokens do not fit ctx={ctx}", ids.len())));
+    }
+    let vocab = vocabulary(cfg);
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id >= vocab) {
+        return Err(PyValueError::new_err(format!("ids[{i}] = {id} is outside the vocabulary [0, {vocab})")));
+    }
+    Ok(())
+}
+
+/// layout_for(config_json, ctx) -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
+///
+/// The cache layout an Engine would have, from a config.json alone (no weights needed).
+#[pyfunction]
+fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> {
+    let cfg = Config::from_file(&config_json)?.text;
+    check_ctx(ctx, &cfg)?;
+    Ok(config::layout(&cfg).into())
+}
+
+/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, and the versions it was built with.
+#[pymodule]
+fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
+    m.py().import("torch")?;
+    m.add_class::<Engine>()?;
+    m.add_function(wrap_pyfunction!(layout_for, m)?)?;
+    m.add_function(wrap_pyfunction!(int4_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(repack, m)?)?;
+    m.add_function(wrap_pyfunction!(int4_linear, m)?)?;
+    m.add("INT4_KERNEL", int4::KERNEL)?;
+    m.add("TCH_VERSION", env!("TCH_VERSION"))?;
+    m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
+    m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;
+    Ok(())
+}
