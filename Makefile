@@ -48,6 +48,7 @@ run: setup
 	mkdocs build --strict --site-dir site
 
 test: setup
+	ruff check .
 	for s in $(RUST_STEPS); do cargo test --release --quiet --manifest-path "$$s/Cargo.toml"; done
 	python -m pytest
 	@echo "== each step copied out of the repository, installed into its own fresh virtualenv, its tests run there"

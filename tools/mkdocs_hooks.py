@@ -124,7 +124,7 @@ def colab_block(env=os.environ) -> str:
              "was written. The setup cell's Colab path (clone, rustup, `make setup`, `pip install .[tpu]`) was tested "
              "only against a fake Colab environment that runs no command, and the TPU paths of the steps only "
              "follow what is known about TorchTPU 0.2.0.")
-    return (f'!!! tip "Run it on a Colab TPU"\n'
+    return ('!!! tip "Run it on a Colab TPU"\n'
             + "\n".join("    " + line if line else "" for line in (
                 link + "\n\n"
                 "Choose *Runtime → Change runtime type → TPU* (the article used a v5e-1), then *Runtime → Run "

@@ -83,8 +83,10 @@ def github_origin() -> tuple[str, str] | None:
     github.com `origin` remote and the checked-out branch; None when neither says."""
     if os.environ.get("GITHUB_REPOSITORY") and os.environ.get("GITHUB_REF_NAME"):
         return os.environ["GITHUB_REPOSITORY"], os.environ["GITHUB_REF_NAME"]
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    m = re.match(r"(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$", git("remote", "get-url", "origin"))
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    remote = git("remote", "get-url", "origin")
+    m = re.match(r"(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$", remote)
     branch = git("branch", "--show-current")
     return (m[1], branch) if m and branch else None
 
@@ -145,7 +147,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help="runs to record (default: all of tools/records.txt)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--list", type=Path, default=ROOT / "tools" / "records.txt", help="which runs (default: %(default)s)")
+    ap.add_argument("--list", type=Path, default=ROOT / "tools" / "records.txt",
+                    help="which runs (default: %(default)s)")
     ap.add_argument("--folder", help="folder under docs/runs/ (default: the device's name)")
     a = ap.parse_args()
     runs = manifest(a.list)

@@ -53,12 +53,15 @@ def summary(log: dict) -> str:
         reached.setdefault(e["records"], e["step"])
     qat = next(e["step"] for e in steps if e["qat"])
     tail = steps[-100:]
+    from torchtpu_rs.records import header
+
+    seconds = sorted(e["seconds"] for e in steps)
     lines = [
-        f"# recorded {meta['date'][:10]} on {meta['device']} ({meta['cpu']}, {meta['cores']} cores, "
-        f"{settings['threads']} threads) · torch {meta['torch']} · transformers {meta['transformers']}",
+        header(meta),
         f"$ {meta['command']}",
-        f"{len(steps)} steps, {log['seconds'] / 60:.1f} minutes of training steps "
-        f"({log['seconds'] / len(steps):.2f} s a step), {settings['tokens']} tokens a batch, lr {settings['lr']}",
+        f"{len(steps)} steps on {settings['threads']} threads, {settings['tokens']} tokens a batch, "
+        f"lr {settings['lr']}",
+        f"time in training steps: {log['seconds'] / 60:.1f} minutes (median step {seconds[len(seconds) // 2]:.2f} s)",
         "most records per context, from step: " + ", ".join(f"{n} at {s}" for n, s in reached.items()),
         f"4-bit weights (quantization-aware) from step {qat}",
         f"last 100 steps: answer loss {sum(e['loss'] for e in tail) / len(tail):.4f}, "

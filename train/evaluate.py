@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data  # noqa: E402
 
 HELD_OUT = 200  # prompts of 1..48 records, from seeds training never draws
-SWEEP = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 144)  # records; 144 fill ~2,000 tokens
-PER_LENGTH = 40
+SWEEP = (1, 4, 8, 16, 24, 32, 48, 64, 96, 144)  # records; 144 fill ~2,000 tokens of the 2,048
+PER_LENGTH = 20
 SEED_BASE = 10**9  # training draws batches from seeds below 10**7
 
 

@@ -5,8 +5,9 @@
 
 Transformers' own Gemma4ForCausalLM (the TINY shape of torchtpu_rs.checkpoints: every structural feature of
 E2B), float32 with sdpa attention (bf16 autocast is slow on CPUs without bf16 matmul hardware), AdamW with
-warm-up and cosine decay, a curriculum from few records to many (more as soon as the answers are right), and a last phase that trains through fake
-4-bit quantization (train/fakequant.py) so the exported W4A16 model keeps what it learned. The batches depend
+warm-up and cosine decay, a curriculum from few records to many (more as soon as the answers are right),
+and a last phase that trains through fake 4-bit quantization (train/fakequant.py) so the exported W4A16 model
+keeps what it learned. The batches depend
 only on (seed, step) and a checkpoint is written every few minutes, so an interrupted run resumes where it
 stopped and ends with the same weights. Writes to --out: ckpt.pt (resumable), model.pt (the final float
 weights), log.json (one entry per step).

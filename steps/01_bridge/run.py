@@ -10,9 +10,8 @@ import shlex
 import sys
 from datetime import datetime, timezone
 
-import torch  # first: it loads libtorch and libtorch_python, which the Rust extension reuses
-
 import bridge_rs
+import torch  # first: it loads libtorch and libtorch_python, which the Rust extension reuses
 
 
 def choose_device(name: str) -> torch.device:

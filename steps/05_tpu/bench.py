@@ -10,7 +10,6 @@ import argparse
 import time
 
 import torch
-
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
 from torchtpu_ways.report import identity_lines, judge, table
@@ -38,7 +37,8 @@ def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
     config = json.loads((model_dir / "config.json").read_text())
     text = config.get("text_config", config)
     owners = text["layer_types"][: text["num_hidden_layers"] - text["num_kv_shared_layers"]]
-    slots = {"full_attention": (ctx, text["global_head_dim"]), "sliding_attention": (2 * text["sliding_window"], text["head_dim"])}
+    slots = {"full_attention": (ctx, text["global_head_dim"]),
+             "sliding_attention": (2 * text["sliding_window"], text["head_dim"])}
     size = 2 if dtype == "bfloat16" else 4
     return sum(2 * text["num_key_value_heads"] * slots[t][0] * slots[t][1] * size for t in owners) / 1e9
 

@@ -16,14 +16,13 @@ import time
 
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer
-
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import NAMES, WAYS
+from transformers import AutoTokenizer
 
 DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in it too
 
@@ -208,7 +207,8 @@ def main() -> None:
 
     if args.json:
         records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=DTYPE, ctx=ctx,
-                           max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate, linear_weights=linear,
+                           max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate,
+                           linear_weights=linear,
                            rows=rows, targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
     if chart_path:

@@ -63,7 +63,8 @@ def problems_of(site: Path, page: Path, external: dict[str, set[str]]) -> list[s
             continue
         file = target_file(site, page, parts.path) if parts.path else page
         if not file.is_file():
-            found.append(f"{where}: {link!r} -> {file.relative_to(site) if file.is_relative_to(site) else file} does not exist")
+            shown = file.relative_to(site) if file.is_relative_to(site) else file
+            found.append(f"{where}: {link!r} -> {shown} does not exist")
             continue
         fragment = unquote(parts.fragment)
         if fragment and file.suffix == ".html" and fragment not in parse(file).ids:

@@ -105,7 +105,8 @@ def differences(recorded: str, figures: list[float], shown: str) -> list[str]:
         return [f"{len(got)} lines, the recorded run has {len(rec)}:\n  recorded: {rec}\n  notebook: {got}"]
     found = []
     for n, (a, b) in enumerate(zip(rec, got), 1):
-        skeleton = lambda s: " ".join(NUMBER.sub("#", s).split())
+        def skeleton(s):
+            return " ".join(NUMBER.sub("#", s).split())
         if skeleton(a) != skeleton(b):
             found.append(f"line {n} differs:\n  recorded: {a}\n  notebook: {b}")
             continue
@@ -176,7 +177,8 @@ def test_committed_notebook_shows_what_the_recorded_runs_printed():
 def test_the_comparison_allows_measured_figures_only():
     recorded = "load 0.0 (1, 4, 5, 32)\nread 0.043 s (278 tok/s)\nanswer 610395 found yes\n"
     figures = [0.041, 0.0431, 278.25]
-    assert not differences(recorded, figures, "load 0.7 (1, 4, 5, 32)\nread 0.741 s (16 tok/s)\nanswer 610395 found yes")
+    assert not differences(recorded, figures,
+                           "load 0.7 (1, 4, 5, 32)\nread 0.741 s (16 tok/s)\nanswer 610395 found yes")
     assert differences(recorded, figures, "load 0.7 (1, 4, 5, 32)\nread 0.741 s (16 tok/s)\nanswer 610396 found yes")
     assert differences(recorded, figures, "load 0.7 (1, 4, 5, 33)\nread 0.741 s (16 tok/s)\nanswer 610395 found yes")
     assert differences(recorded, figures, "load 0.7 (1, 4, 5, 32)\nread 0.741 s (16 tok/s)\nanswer 610395 found no")
@@ -238,7 +240,7 @@ FAKES = {
            ' touch "$d/Makefile" "$d/tools/record.py"; fi',
     "curl": 'echo "curl $*" >> "$FAKE_LOG"; while [ $# -gt 1 ]; do [ "$1" = -o ] && : > "$2"; shift; done',
     "sh": 'echo "sh $* CARGO_HOME=$CARGO_HOME RUSTUP_HOME=$RUSTUP_HOME" >> "$FAKE_LOG"; mkdir -p "$CARGO_HOME/bin";'
-          ' printf \'#!/bin/bash\\necho "rustc 1.95.0 (fake)"\\n\' > "$CARGO_HOME/bin/rustc"; chmod +x "$CARGO_HOME/bin/rustc"',
+          ' printf \'#!/bin/bash\\necho "rustc 1.95.0 (fake)"\\n\' > "$CARGO_HOME/bin/rustc"; chmod +x "$CARGO_HOME/bin/rustc"',  # noqa: E501
     "make": 'echo "make $* (in $PWD)" >> "$FAKE_LOG"; mkdir -p .venv/bin; printf \'#!/bin/bash\\n'
             'echo "pip $* (in $PWD)" >> "$FAKE_LOG"\\n\' > .venv/bin/pip; chmod +x .venv/bin/pip; touch .venv/.steps',
     "rustc": 'echo "rustc ${FAKE_RUSTC:-1.75.0} (fake)"',

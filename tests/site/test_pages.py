@@ -12,7 +12,8 @@ import re
 
 TRACEBACK = ("Traceback (most recent call last)", "panicked at")
 CLASSIC_ERROR = re.compile(r'class="[^"]*\boutput_error\b')
-LAB_STDERR = re.compile(r'<div class="[^"]*\bjp-OutputArea-output\b[^"]*"[^>]*data-mime-type="application/vnd\.jupyter\.stderr"'
+LAB_STDERR = re.compile(r'<div class="[^"]*\bjp-OutputArea-output\b[^"]*"[^>]*'
+                        r'data-mime-type="application/vnd\.jupyter\.stderr"'
                         r'[^>]*>(.*?)</div>', re.S)
 EXCEPTION_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception)\b")
 TAG = re.compile(r"<[^>]+>")

@@ -49,7 +49,8 @@ def test_attach_and_detach_keep_the_float_weights():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     switches = fakequant.attach(model)
     layer = model.model.layers[0].mlp.down_proj
-    assert torch.equal(layer.weight, fakequant.quantize_dequantize(before["model.layers.0.mlp.down_proj.weight"]).float())
+    want = fakequant.quantize_dequantize(before["model.layers.0.mlp.down_proj.weight"]).float()
+    assert torch.equal(layer.weight, want)
     assert len(switches) == 3
     for fq in switches:
         fq.enabled = False

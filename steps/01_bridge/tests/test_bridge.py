@@ -3,10 +3,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bridge_rs
 import pytest
 import torch
-
-import bridge_rs
 
 RUN = Path(__file__).resolve().parents[1] / "run.py"
 

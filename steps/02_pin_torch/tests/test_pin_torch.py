@@ -4,10 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pin_torch_rs
 import pytest
 import torch
-
-import pin_torch_rs
 
 RUN = Path(__file__).resolve().parents[1] / "run.py"
 ENGINE_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-
 from torchtpu_rs import checkpoints
 
 PROMPT = [2, 17, 250, 33, 480, 5, 99, 301]

@@ -4,7 +4,6 @@ import threading
 
 import pytest
 import torch
-
 import torchtpu_rs
 
 CTX = 2048

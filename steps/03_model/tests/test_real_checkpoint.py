@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import torchtpu_rs
 
 TEXT = os.environ.get("GEMMA4_E2B_TEXT")

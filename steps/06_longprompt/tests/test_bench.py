@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from torchtpu_rs import checkpoints
 
 BENCH = Path(__file__).resolve().parents[1] / "bench.py"
