@@ -63,7 +63,8 @@ def main() -> None:
 
     start = time.perf_counter()
     engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype)
-    print(f"load {time.perf_counter() - start:.1f} {engine.layout()}")
+    load_s = time.perf_counter() - start
+    print(f"load {load_s:.1f} {engine.layout()}")
     reference = transformers_model(reference_dir, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = prompt_ids(tokenizer, args.prompt_len)
@@ -86,7 +87,7 @@ def main() -> None:
         first_off = next((row for row in r["layers"] if not row["ok"]), None)
         print(f"first layer past tolerance: {first_off['name'] if first_off else 'none'}")
     records.write_json(args.json, "cpu", model=records.name(args.model), emb4=records.name(args.emb4),
-                       reference_model=records.name(reference_dir), dtype=args.dtype, prompt_ids=ids,
+                       reference_model=records.name(reference_dir), dtype=args.dtype, load_s=load_s, prompt_ids=ids,
                        answers=answers, **r)
 
 

@@ -58,9 +58,23 @@ def setup_source(nb: dict) -> str:
 
 
 def output_text(cell: dict) -> str:
-    """What a cell printed, as a terminal would show it: \\r\\n as \\n, a line redrawn after \\r as its last draw."""
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o["output_type"] == "stream")
-    return "\n".join(line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n"))
+    """What a cell printed to stdout, as a terminal would show it: \\r\\n as \\n, a line redrawn after \\r as its last
+    draw."""
+    # a stream's text is a string, or a list of lines as the .ipynb file stores it
+    texts = [o.get("text", "") for o in cell.get("outputs", []) if o["output_type"] == "stream"]
+    text = "".join(t if isinstance(t, str) else "".join(t) for t in texts)
+    lines = [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    return "\n".join(line for line in lines if not stderr_warning(line))
+
+
+# `!cmd` merges a script's stderr into its output; tools/record.py records stdout only. Library warnings are the
+# stderr lines a run prints: Python's (`file.py:N: SomeWarning: …` and the source line under it) and
+# Transformers' logger (`[transformers] …`).
+WARNING = re.compile(r"^(\S+\.py:\d+: \w*Warning: |\[transformers\] |  \S.*= func\(self, \*args, \*\*kwargs\)$)")
+
+
+def stderr_warning(line: str) -> bool:
+    return bool(WARNING.match(line))
 
 
 def recorded_device(nb: dict) -> str | None:
