@@ -57,6 +57,7 @@ def main() -> None:
     if args.device not in ("auto", "cpu"):
         ap.error("parity runs on the CPU, where Transformers is the reference: use --device cpu")
     reference_dir = args.reference_model or args.emb4 or args.model
+    clean = args.model  # what the record names: a planted fault is recorded as planted_fault, not its temp folder
     if args.plant_fault is not None:
         args.model = plant_fault(args.model, args.plant_fault, Path(tempfile.mkdtemp(prefix="faulty-")))
         print(f"planted a fault in layer {args.plant_fault} of the engine's copy; Transformers reads the clean one")
@@ -86,7 +87,8 @@ def main() -> None:
                   f"{'' if row['ok'] else '   <-- past tolerance ' + format(row['tolerance'], '.3g')}")
         first_off = next((row for row in r["layers"] if not row["ok"]), None)
         print(f"first layer past tolerance: {first_off['name'] if first_off else 'none'}")
-    records.write_json(args.json, "cpu", model=records.name(args.model), emb4=records.name(args.emb4),
+    records.write_json(args.json, "cpu", model=records.name(clean),
+                       planted_fault=args.plant_fault, emb4=records.name(args.emb4),
                        reference_model=records.name(reference_dir), dtype=args.dtype, load_s=load_s, prompt_ids=ids,
                        answers=answers, **r)
 

@@ -129,7 +129,8 @@ def main() -> None:
     print("\n".join(lines))
 
     if args.json:
-        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=args.dtype, ctx=ctx,
+        records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
+                           dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
                            kv_cache_gb=kv_cache_gb(model, ctx, args.dtype), rows=rows, targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")

@@ -206,7 +206,8 @@ def main() -> None:
     print("\n".join(lines))
 
     if args.json:
-        records.write_json(args.json, device, model=str(model), emb4=str(emb4), dtype=DTYPE, ctx=ctx,
+        records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
+                           dtype=DTYPE, ctx=ctx,
                            max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate,
                            linear_weights=linear,
                            rows=rows, targets=checks)

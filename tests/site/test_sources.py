@@ -164,3 +164,20 @@ def test_the_rules_catch_typed_output_and_pasted_source(tmp_path):
     found = [(b.line, p) for b in blocks(page) for p in problems_of(tmp_path, b)]
     lines = sorted({line for line, _ in found})
     assert lines == [4, 7, 13, 16, 20], found
+
+
+def absolute_paths(value) -> list[str]:
+    """Every string in a recorded JSON that is an absolute path: one machine's folders, which a record must not hold."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in absolute_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in absolute_paths(v)]
+    return [value] if isinstance(value, str) and value.startswith("/") else []
+
+
+def test_recorded_runs_name_checkpoints_without_a_machines_folders(docs):
+    import json
+
+    found = {str(p.relative_to(docs)): absolute_paths(json.loads(p.read_text()))
+             for p in sorted((docs / "runs").rglob("*.json"))}
+    assert not {k: v for k, v in found.items() if v}, "record paths relative to the repository (records.name)"
