@@ -50,7 +50,7 @@ def greedy(reference, ids: list[int], n: int) -> list[int]:
     tokens = []
     for _ in range(n):
         tokens.append(int(out.logits[0, -1].argmax()))
-        out = reference(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+        out = reference(torch.tensor([tokens[-1:]]), cache=out.cache, use_cache=True)
     return tokens
 
 
