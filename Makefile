@@ -22,8 +22,10 @@ export NO_MKDOCS_2_WARNING := 1
 
 STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
 RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
-STEP_SOURCES := $(shell find steps -path '*/tests' -prune -o -path '*/target' -prune -o -type f \
-	\( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -path '*/python/*.py*' \) -print)
+# what a step installs: its Rust crate and its Python package (not its tests, scripts' build output or targets)
+STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build -o -name '*.egg-info' \) -prune -o \
+	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
+	-o -name '*.json' -o -name '*.safetensors' \) -print)
 
 .PHONY: run test bench train setup clean distclean
 setup: .venv/.steps
@@ -50,8 +52,9 @@ run: setup
 test: setup
 	ruff check .
 	for s in $(RUST_STEPS); do cargo test --release --quiet --manifest-path "$$s/Cargo.toml"; done
-	python -m pytest
+	python -m pytest train
 	@echo "== each step copied out of the repository, installed into its own fresh virtualenv, its tests run there"
+	@echo "   (the only run of the steps' tests in make test: \`python -m pytest\` runs them in place too)"
 	python -m pytest tests/copy
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi

@@ -1,7 +1,7 @@
 """Step 04: the Rust engine beside Hugging Face Transformers on the CPU — same checkpoint, same prompt.
 
 usage: python run.py [--model DIR] [--emb4 DIR] [--reference-model DIR] [--dtype bfloat16|float32]
-                     [--prompt-len N] [--max-new 64] [--layers] [--json PATH]
+                     [--attention-dtype bfloat16|float32] [--prompt-len N] [--max-new 64] [--layers] [--json PATH]
 The reference defaults to the folder the engine's tables come from: the emb4 twin when given, else --model.
 """
 import argparse
@@ -48,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_engine_args(ap)
     ap.add_argument("--reference-model", type=Path, help="the folder Transformers reads (default: see above)")
+    ap.add_argument("--attention-dtype", choices=["bfloat16", "float32"],
+                    help="what the engine's attention computes in (default: the engine's choice for this CPU)")
     ap.add_argument("--prompt-len", type=int, help="prompt length in tokens (default: the built-in prompt)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
@@ -63,9 +65,10 @@ def main() -> None:
         print(f"planted a fault in layer {args.plant_fault} of the engine's copy; Transformers reads the clean one")
 
     start = time.perf_counter()
-    engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype)
+    engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype,
+                                attention_dtype=args.attention_dtype)
     load_s = time.perf_counter() - start
-    print(f"load {load_s:.1f} {engine.layout()}")
+    print(f"load {load_s:.1f} {engine.layout()}, attention in {engine.attention_dtype}")
     reference = transformers_model(reference_dir, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = prompt_ids(tokenizer, args.prompt_len)
@@ -89,7 +92,8 @@ def main() -> None:
         print(f"first layer past tolerance: {first_off['name'] if first_off else 'none'}")
     records.write_json(args.json, "cpu", model=records.name(clean),
                        planted_fault=args.plant_fault, emb4=records.name(args.emb4),
-                       reference_model=records.name(reference_dir), dtype=args.dtype, load_s=load_s, prompt_ids=ids,
+                       reference_model=records.name(reference_dir), dtype=args.dtype,
+                       attention_dtype=engine.attention_dtype, load_s=load_s, prompt_ids=ids,
                        answers=answers, **r)
 
 

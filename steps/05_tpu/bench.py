@@ -12,6 +12,7 @@ import time
 import torch
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
+from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
 from torchtpu_ways.ways import WAYS, label, median_row, run_way
 
@@ -31,16 +32,13 @@ def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
 
 
 def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
-    """What the caches hold: full owners ctx slots, sliding owners 2 · window, keys and values."""
-    import json
-
-    config = json.loads((model_dir / "config.json").read_text())
-    text = config.get("text_config", config)
-    owners = text["layer_types"][: text["num_hidden_layers"] - text["num_kv_shared_layers"]]
-    slots = {"full_attention": (ctx, text["global_head_dim"]),
-             "sliding_attention": (2 * text["sliding_window"], text["head_dim"])}
+    """What the caches hold: keys and values of every layer that owns a cache (KV-shared layers read another's),
+    ctx slots in a full-attention ring, 2 · window in a sliding one."""
+    cfg = TextConfig.from_file(model_dir / "config.json")
+    slots = {True: ctx, False: 2 * cfg.sliding_window}
     size = 2 if dtype == "bfloat16" else 4
-    return sum(2 * text["num_key_value_heads"] * slots[t][0] * slots[t][1] * size for t in owners) / 1e9
+    return sum(2 * cfg.kv_heads_of(i) * slots[cfg.is_full(i)] * cfg.head_dim_of(i) * size
+               for i in range(cfg.first_shared)) / 1e9
 
 
 # --8<-- [start:targets]

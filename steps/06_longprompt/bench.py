@@ -10,7 +10,6 @@ a fresh process that reads its prompt in full once (after a cold run over a pref
 each length the ways take turns, `--repeats` times, and each figure is the median of a way's runs.
 """
 import argparse
-import json
 import statistics
 import time
 
@@ -18,7 +17,7 @@ import torch
 from safetensors import safe_open
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
-from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
 from torchtpu_ways.ways import NAMES, WAYS
@@ -155,8 +154,7 @@ def main() -> None:
     ctx = cli.default_ctx(model)
     device = devices.choose_device(args.device)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    config = json.loads((model / "config.json").read_text())
-    text = config.get("text_config", config)
+    text = prompting.text_config(model)
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else default_lengths(ctx, shortest(tokenizer, args.seed)))
     repeats = [int(x) for x in args.repeats.split(",")]

@@ -81,8 +81,28 @@ def base(tmp_path_factory) -> Path:
     return venv
 
 
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """Each step's wheel, built from the first copy that installs it. A later copy that depends on that step
+    installs the wheel (the same files, so the same build) instead of compiling step 03's crate again at a new
+    path: cargo keys a crate's build on its path, and that rebuild was most of this test's time."""
+    return {"folder": tmp_path_factory.mktemp("wheels")}
+
+
+def install(venv: Path, step: str, work: Path, wheels: dict) -> None:
+    if step not in wheels:
+        before = set(wheels["folder"].glob("*.whl"))
+        proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
+                               "--no-build-isolation", "-w", str(wheels["folder"]), f"./{step}"],
+                              cwd=work, env=step_env(venv), capture_output=True, text=True)
+        assert proc.returncode == 0, f"building {step}'s wheel failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        (wheels[step],) = set(wheels["folder"].glob("*.whl")) - before
+    # the wheel's own requirements come from the index (pip's cache); the steps it needs are installed already
+    pip(venv, str(wheels[step]), cwd=work)
+
+
 @pytest.mark.parametrize("step", STEPS)
-def test_a_copied_step_installs_and_passes_its_tests(step, base, tmp_path):
+def test_a_copied_step_installs_and_passes_its_tests(step, base, wheels, tmp_path):
     work = tmp_path / "project"
     for s in [*needs(step), step]:
         shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
@@ -92,7 +112,7 @@ def test_a_copied_step_installs_and_passes_its_tests(step, base, tmp_path):
     link_tree(base / "bin", venv / "bin")  # the maturin binary the build backend runs
 
     for s in [*needs(step), step]:
-        pip(venv, "--no-build-isolation", f"./{s}", cwd=work)
+        install(venv, s, work, wheels)
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                           cwd=work / step, env=step_env(venv), capture_output=True, text=True)
     assert proc.returncode == 0, f"the copied {step}'s tests failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

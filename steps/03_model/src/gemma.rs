@@ -246,7 +246,10 @@ impl Attention {
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
         let seen = cache.seen(self.kv_source, slots)?;
-        linear(&attend(&q, &seen.keys, &seen.values, &slots.masked)?, &self.o_proj)
+        // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
+        // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
+        let q = q.f_to_kind(cache.dtype)?;
+        linear(&attend(&q, &seen.keys, &seen.values, &slots.masked)?.f_to_kind(x.kind())?, &self.o_proj)
     }
 }
 // --8<-- [end:attention]
@@ -397,6 +400,8 @@ pub struct Cache {
     positions: ByKind<Tensor>,
     pub ctx: i64,
     window: i64,
+    /// The dtype of the keys and values, which attention computes in.
+    pub dtype: Kind,
     /// How many full-cache slots a decode step attends over (see `decode_slots_at`).
     pub decode_slots: DecodeSlots,
 }
@@ -446,7 +451,7 @@ impl Cache {
         let empty =
             |kind| -> Result<Tensor> { Ok(on(&Tensor::f_full([slots(kind)], -1, (Kind::Int64, Device::Cpu))?, like)?) };
         let (positions, window) = (ByKind::try_new(empty)?, cfg.sliding_window);
-        Ok(Cache { layers, positions, ctx, window, decode_slots: DecodeSlots::Bucket })
+        Ok(Cache { layers, positions, ctx, window, dtype, decode_slots: DecodeSlots::Bucket })
     }
 
     /// Every slot empty; the stale keys and values stay, masked.
@@ -515,9 +520,10 @@ impl Cache {
 
     /// Writes a cache owner's keys and values `[tokens, kv_heads, head_dim]` into its slots.
     fn write(&mut self, layer: usize, slots: &Slots, k: &Tensor, v: &Tensor) -> Result<()> {
+        let dtype = self.dtype;
         let cache = self.layers[layer].as_mut().expect("a layer with k/v projections owns a cache");
-        let _ = cache.keys.f_index_copy_(1, &slots.written, &k.f_transpose(0, 1)?)?;
-        let _ = cache.values.f_index_copy_(1, &slots.written, &v.f_transpose(0, 1)?)?;
+        let _ = cache.keys.f_index_copy_(1, &slots.written, &k.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
+        let _ = cache.values.f_index_copy_(1, &slots.written, &v.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
         Ok(())
     }
 
@@ -614,9 +620,12 @@ impl Gemma {
     }
     // --8<-- [end:load]
 
-    /// Empty caches for a context of `ctx` tokens.
-    pub fn new_cache(&self, ctx: i64) -> Result<Cache> {
-        Cache::new(&self.cfg, ctx, self.dtype, &self.like)
+    /// Empty caches for a context of `ctx` tokens, held in `attention_dtype`: the dtype attention computes in.
+    /// The compute dtype keeps every bit Transformers' bf16 gives; float32 attention (keys and values rounded
+    /// to bf16 by their projections, then scores and probabilities kept in float32) is several times faster on
+    /// a CPU whose bf16 matmul has no fast path, where attention over a long cache dominates a decode step.
+    pub fn new_cache(&self, ctx: i64, attention_dtype: Kind) -> Result<Cache> {
+        Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
     }
 
     /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,

@@ -71,7 +71,25 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
     }
 }
 
-/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None)
+/// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
+/// where torch's bf16 matmul has no fast path (oneDNN finds no AVX-512 or AMX there: torch's
+/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), where float32 attention is several times faster.
+fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) -> PyResult<Kind> {
+    match arg {
+        Some(name) => compute_dtype(name).map_err(|_| {
+            PyValueError::new_err(format!("attention_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))
+        }),
+        None if dtype == Kind::Float => Ok(Kind::Float),
+        None => {
+            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+            let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
+            let fast_bf16: bool = mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()?;
+            Ok(if device == "cpu" && !fast_bf16 { Kind::Float } else { Kind::BFloat16 })
+        }
+    }
+}
+
+/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None)
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`.
 ///
@@ -85,6 +103,9 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
 ///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
 ///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
 ///     Both give the same tokens and logits, bit for bit.
+/// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
+///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
+///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_rs")]
@@ -112,7 +133,9 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None))]
+    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
+                        attention_dtype = None))]
+    #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
         emb4_dir: Option<PathBuf>,
@@ -121,10 +144,12 @@ impl Engine {
         dtype: &str,
         progress: Option<Bound<'_, PyAny>>,
         decode_slots: Option<&str>,
+        attention_dtype: Option<&str>,
     ) -> PyResult<Self> {
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
+        let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
         let like = like_tensor;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;
@@ -139,7 +164,7 @@ impl Engine {
         if let Some(e) = report_error {
             return Err(e);
         }
-        let mut cache = model.new_cache(ctx)?;
+        let mut cache = model.new_cache(ctx, attention_dtype)?;
         cache.decode_slots = decode_slots;
         let state = State { model, cache, epoch: 0, prefilled: None };
         Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
@@ -151,6 +176,15 @@ impl Engine {
         Ok(match self.state()?.cache.decode_slots {
             DecodeSlots::Bucket => "bucket",
             DecodeSlots::All => "all",
+        })
+    }
+
+    /// The dtype attention computes in: "bfloat16" or "float32" (see the class docstring).
+    #[getter]
+    fn attention_dtype(&self) -> PyResult<&'static str> {
+        Ok(match self.state()?.cache.dtype {
+            Kind::Float => "float32",
+            _ => "bfloat16",
         })
     }
 

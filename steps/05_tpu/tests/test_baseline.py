@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import torchtpu_rs
-from torchtpu_ways.baseline import Baseline, decode_slots_default, decode_slots_for
+from torchtpu_ways.baseline import Baseline, attention_dtype_default, decode_slots_default, decode_slots_for
 from torchtpu_ways.checkpoint import DenseTable, PackedTable
 
 CTX = 2048
@@ -194,3 +194,24 @@ def test_decode_slots_default_and_bad_values(tiny):
         Baseline(tiny / "text", None, "cpu", CTX, "float32", decode_slots="some")
     assert [decode_slots_for(p, 16, CTX, "bucket") for p in (0, 15, 16, 31, 32, 2047)] == [16, 16, 32, 32, 64, 2048]
     assert decode_slots_for(5, 16, CTX, "all") == CTX
+
+
+@pytest.mark.parametrize("attention_dtype", ["bfloat16", "float32"])
+def test_bf16_logits_equal_the_rust_engines_in_either_attention_dtype(tiny, attention_dtype):
+    # the same operations in the same order: the same bits, with float32 attention too
+    ids = [2] + [(7 * i + 3) % 500 + 3 for i in range(3 * window(tiny / "text"))]
+    ours = Baseline(tiny / "text", tiny / "emb4", "cpu", CTX, "bfloat16", attention_dtype=attention_dtype)
+    engine = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", torch.zeros(1), CTX, "bfloat16",
+                                attention_dtype=attention_dtype)
+    assert ours.attention_dtype == getattr(torch, engine.attention_dtype)
+    assert torch.equal(ours.logits(ids), engine.logits(ids))
+    assert ours.generate(ids[:20], 24)[0] == engine.generate(ids[:20], 24)[0]
+
+
+def test_attention_dtype_default_and_bad_values(tiny):
+    fast_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert attention_dtype_default(torch.bfloat16, "cpu") == (torch.bfloat16 if fast_bf16 else torch.float32)
+    assert attention_dtype_default(torch.float32, "cpu") == torch.float32
+    assert attention_dtype_default(torch.bfloat16, "tpu:0") == torch.bfloat16
+    with pytest.raises(ValueError, match="attention_dtype"):
+        Baseline(tiny / "text", None, "cpu", CTX, attention_dtype="half")

@@ -61,6 +61,8 @@ class Rotary:
         d = cfg.global_head_dim if full else cfg.head_dim
         pairs = int(rope.get("partial_rotary_factor", 1.0) * d) // 2 if rope["rope_type"] == "proportional" else d // 2
         freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, 2 * pairs, 2).float() / d)
+        if rope["rope_type"] == "proportional":
+            freq = freq / rope.get("factor", 1.0)  # Transformers' `inv_freq /= factor` (default 1)
         self.inv_freq = torch.cat([freq, torch.zeros(d // 2 - pairs)]).to(device)
 
     def at(self, pos: torch.Tensor, dtype: torch.dtype) -> "Rotation":
@@ -143,7 +145,9 @@ class Attention:
             cache.write(self.layer, slots, k, v)
         # A KV-shared layer reads the cache its source layer wrote earlier in this same pass
         keys, values = cache.seen(self.kv_source, slots)
-        return F.linear(attend(q, keys, values, slots.masked), self.o_proj)
+        # attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow
+        out = attend(q.to(keys.dtype), keys, values, slots.masked).to(x.dtype)
+        return F.linear(out, self.o_proj)
 
 
 class Mlp:
@@ -252,6 +256,17 @@ def decode_slots_for(pos: int, chunk: int, ctx: int, decode_slots: str) -> int:
 # --8<-- [end:decode_slots]
 
 
+# --8<-- [start:attention_dtype]
+def attention_dtype_default(dtype: torch.dtype, device) -> torch.dtype:
+    """The dtype attention computes in unless told (the caches are held in it): the compute dtype, except
+    bfloat16 on a CPU where torch's bf16 matmul has no fast path (oneDNN finds no AVX-512 or AMX there), where
+    float32 attention over a long cache is several times faster. As the Rust Engine."""
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    slow_bf16 = kind == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.float32 if dtype == torch.float32 or slow_bf16 else torch.bfloat16
+# --8<-- [end:attention_dtype]
+
+
 class Slots:
     """Where one pass's tokens go in the caches of one attention kind, and what its queries may see: `written`
     (int64 [tokens], each token's slot), `seen` (the queries attend over a cache's first `seen` slots) and `masked`
@@ -308,8 +323,8 @@ class Cache:
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> None:
         """A cache owner's keys and values [tokens, kv_heads, head_dim] into their slots."""
         keys, values = self.layers[layer]
-        keys.index_copy_(1, slots.written, k.transpose(0, 1))
-        values.index_copy_(1, slots.written, v.transpose(0, 1))
+        keys.index_copy_(1, slots.written, k.transpose(0, 1).to(keys.dtype))
+        values.index_copy_(1, slots.written, v.transpose(0, 1).to(values.dtype))
 
     def seen(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """The slots of `layer`'s cache its queries attend over: (keys, values)."""
@@ -347,15 +362,19 @@ class Baseline:
     decode_slots: what a decode step's full layers attend over: "bucket" (the slots up to its position rounded up
         to chunk × 2^k, as a prompt chunk's: one compiled program per bucket), "all" (all ctx slots: one program
         at every position), or None: "all" on a TPU, else "bucket" (as the Rust Engine). Same bits either way.
+    attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
+        whose bf16 matmul has no fast path (`attention_dtype_default`). The caches are held in it.
     """
 
     # --8<-- [start:load]
     def __init__(self, model_dir, emb4_dir, device, ctx: int, dtype: str = "bfloat16", compile: bool = False,
-                 decode_slots: str | None = None):
+                 decode_slots: str | None = None, attention_dtype: str | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: use \"bfloat16\" or \"float32\"")
         if decode_slots not in (None, *DECODE_SLOTS):
             raise ValueError(f"decode_slots={decode_slots!r}: use \"bucket\", \"all\" or None")
+        if attention_dtype not in (None, *DTYPES):
+            raise ValueError(f"attention_dtype={attention_dtype!r}: use \"bfloat16\", \"float32\" or None")
         self.decode_slots = decode_slots or decode_slots_default(device)
         self.cfg = cfg = TextConfig.from_file(Path(model_dir) / "config.json")
         if not 1 <= ctx <= cfg.max_position_embeddings:
@@ -373,18 +392,25 @@ class Baseline:
         self.embed_tokens = table("embed_tokens")
         self.embed_scale = in_dtype(cfg.hidden_size ** 0.5, self.dtype)  # sqrt(1536) = 39.19 -> 39.25 in bf16
         self.per_layer_inputs = PerLayerInputs(table("embed_tokens_per_layer"), model, cfg, self.dtype, self.device)
-        # The head reads every row every token: dequantized once, in the compute dtype. Untied only when a
-        # checkpoint ships it; tied, it is the embedding table (no copy when the dtypes agree).
-        if packed_in_twin("lm_head"):
-            self.lm_head = twin.linear("lm_head", self.dtype, self.device)
-        elif model.has("lm_head.weight_packed") or model.has("lm_head.weight"):
-            self.lm_head = model.linear("lm_head", self.dtype, self.device)
-        else:
+        # The head reads every row every token: dequantized once, in the compute dtype. As Transformers: tied,
+        # it is the embedding table whatever else the checkpoint ships (no copy when the dtypes agree); untied,
+        # the checkpoint's `lm_head`. With the twin, its config says (the emb4 repack unties the head to pack it).
+        tied = TextConfig.from_file(Path(emb4_dir) / "config.json").tie_word_embeddings if twin else \
+            cfg.tie_word_embeddings
+        head = twin if packed_in_twin("lm_head") else model
+        if tied:
             self.lm_head = self.embed_tokens.dequantize().to(self.dtype)
+        elif head.has("lm_head.weight_packed") or head.has("lm_head.weight"):
+            self.lm_head = head.linear("lm_head", self.dtype, self.device)
+        else:
+            raise ValueError(f"{model_dir}: tie_word_embeddings is false but no lm_head tensor is in the checkpoint"
+                             + (" or its twin" if twin else ""))
         self.rotary = {full: Rotary(cfg, full, self.device) for full in (False, True)}
         self.layers = [DecoderLayer(model, cfg, i, self.dtype, self.device) for i in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm.load(model, "norm", cfg.rms_norm_eps, self.device)
-        self.cache = Cache(cfg, ctx, self.dtype, self.device, static=compile)
+        self.attention_dtype = DTYPES[attention_dtype] if attention_dtype else \
+            attention_dtype_default(self.dtype, self.device)
+        self.cache = Cache(cfg, ctx, self.attention_dtype, self.device, static=compile)
         # --8<-- [end:load]
         # --8<-- [start:compile]
         # dynamic=False: one static-shape graph per input shape (a prompt chunk, a decode step), never a

@@ -24,7 +24,6 @@ class TextConfig:
         self.head_dim = text["head_dim"]
         # Transformers defaults a missing global_head_dim to 512; so does the Rust engine
         self.global_head_dim = text.get("global_head_dim") or 512
-        self.num_global_key_value_heads = text.get("num_global_key_value_heads") or self.num_key_value_heads
         self.hidden_size_per_layer_input = text["hidden_size_per_layer_input"]
         self.vocab_size = text["vocab_size"]
         self.vocab_size_per_layer_input = text["vocab_size_per_layer_input"]
@@ -36,6 +35,9 @@ class TextConfig:
         self.final_logit_softcapping = text.get("final_logit_softcapping")
         self.layer_types = list(text["layer_types"])
         self.rope_parameters = text["rope_parameters"]
+        # as Transformers: tied unless the config says otherwise, and then the head is the table even when a
+        # checkpoint also ships an `lm_head`
+        self.tie_word_embeddings = text.get("tie_word_embeddings", True)
         if text.get("hidden_activation") != "gelu_pytorch_tanh":
             raise NotImplementedError(f"hidden_activation {text.get('hidden_activation')!r} is not gelu_pytorch_tanh")
         if text.get("attention_k_eq_v"):
@@ -53,7 +55,8 @@ class TextConfig:
         return self.global_head_dim if self.is_full(layer) else self.head_dim
 
     def kv_heads_of(self, layer: int) -> int:
-        return self.num_global_key_value_heads if self.is_full(layer) else self.num_key_value_heads
+        # `num_global_key_value_heads` counts only with `attention_k_eq_v` (Transformers), refused above
+        return self.num_key_value_heads
 
     @property
     def first_shared(self) -> int:
@@ -66,10 +69,6 @@ class TextConfig:
         if layer < self.first_shared:
             return layer
         return max(j for j in range(self.first_shared) if self.layer_types[j] == self.layer_types[layer])
-
-    def intermediate(self, layer: int) -> int:
-        wide = self.use_double_wide_mlp and layer >= self.first_shared
-        return self.intermediate_size * (2 if wide else 1)
 
     def layout(self) -> tuple[int, int, int, int]:
         """(full-attention rings, sliding rings, KV-shared layers, sliding ring length), as the engine's layout()."""

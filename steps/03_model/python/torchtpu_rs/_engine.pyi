@@ -33,12 +33,18 @@ class Engine:
         dtype: str = "bfloat16",
         progress: Callable[[int, int], object] | None = None,
         decode_slots: Literal["bucket", "all"] | None = None,
+        attention_dtype: Literal["bfloat16", "float32"] | None = None,
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
-        program at every position); None: "all" on a TPU, "bucket" elsewhere. Same tokens and logits either way."""
+        program at every position); None: "all" on a TPU, "bucket" elsewhere. Same tokens and logits either way.
+        attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
+        float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
+    @property
+    def attention_dtype(self) -> Literal["bfloat16", "float32"]: ...
     def layout(self) -> Layout: ...
     def generate(
         self,
