@@ -2,6 +2,7 @@
 
 usage: python ask.py [PROMPT] [--max-new 32] [--temperature T] [--top-k K] [--top-p P] [--seed S]
                      [--model DIR] [--emb4 DIR] [--device auto|tpu|cuda|cpu] [--dtype bfloat16|float32] [--ctx N]
+                     [--json PATH]
 Greedy unless --temperature, --top-k or --top-p is given; the same --seed gives the same reply. Ctrl-C stops it.
 Without --model it asks the small model step 03 ships, which answers questions about numbered records (its
 tokenizer knows about 500 words: other words become <unk>).
@@ -12,7 +13,7 @@ import time
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 import torchtpu_rs
-from torchtpu_rs import cli, devices, prompting
+from torchtpu_rs import cli, devices, prompting, records
 from transformers import AutoTokenizer
 
 PROMPT = ("Record 1: code 482913. Record 2: code 705126. Record 3: code 610395. "
@@ -50,7 +51,12 @@ def main(argv=None) -> None:
         print(text[len(shown):], end="", flush=True)
     # --8<-- [end:stream]
     seconds = time.perf_counter() - start
-    print(f"\n[{len(tokens)} tokens in {seconds:.2f} s on {device}, {args.dtype}]", file=sys.stderr)
+    print()
+    print(f"[{len(tokens)} tokens in {seconds:.2f} s on {device}, {args.dtype}]", file=sys.stderr)
+    records.write_json(args.json, device, model=records.name(args.model), emb4=records.name(args.emb4),
+                       dtype=args.dtype, prompt=args.prompt, prompt_ids=ids, tokens=tokens,
+                       reply=tokenizer.decode(tokens, skip_special_tokens=True), seconds=seconds,
+                       sampling={k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed")})
 
 
 if __name__ == "__main__":
