@@ -459,6 +459,8 @@ impl TokenStream {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        // A C loop over the stream (`list(stream)`) never returns to Python's eval loop, where Ctrl-C is noticed
+        py.check_signals()?;
         let engine = self.engine.bind(py).borrow();
         let mut state = engine.state()?;
         let mut stream = self.stream.lock().map_err(|_| PyRuntimeError::new_err("TokenStream: broken"))?;
