@@ -194,3 +194,59 @@ pub fn probe(like: &Tensor) -> std::result::Result<(), String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu() -> Tensor {
+        Tensor::zeros([0], (Kind::Float, Device::Cpu))
+    }
+
+    /// A random packed matrix `[rows, cols]` in the checkpoint's format: nibbles `q + 8`, eight to an int32 word,
+    /// low first, and bf16 scales for groups of 32 columns.
+    fn random_matrix(rows: i64, cols: i64, seed: i64) -> Packed {
+        tch::manual_seed(seed);
+        let nibbles = Tensor::randint(16, [rows, cols / 8, 8], (Kind::Int, Device::Cpu));
+        let mut words = Tensor::zeros([rows, cols / 8], (Kind::Int, Device::Cpu));
+        for i in 0..8 {
+            words = words.bitwise_or_tensor(&nibbles.select(2, i).bitwise_left_shift_tensor_scalar(4 * i));
+        }
+        let scale = (Tensor::rand([rows, cols / 32], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
+        Packed::new(words, scale, cols).unwrap()
+    }
+
+    #[test]
+    fn shapes_the_kernel_cannot_take_are_named() {
+        assert_eq!(refuses(2048, 1536, 32), None); // E2B's q_proj
+        assert_eq!(refuses(262144, 1536, 32), None); // its head
+        assert!(refuses(40, 64, 32).unwrap().contains("40 rows"));
+        assert!(refuses(32, 64, 16).unwrap().contains("group_size 16: aten::_weight_int4pack_mm_for_cpu takes"));
+        assert!(refuses(32, 96, 64).unwrap().contains("96 columns are not a multiple of group_size 64"));
+        let error = Int4Linear::new("model.layers.0.mlp.up_proj", &random_matrix(40, 64, 0), Kind::BFloat16, &cpu());
+        let Err(Error::Unsupported(msg)) = error else { panic!("a 40-row matrix must be refused") };
+        assert!(msg.starts_with("model.layers.0.mlp.up_proj: 40 rows") && msg.ends_with("weights=\"bf16\""), "{msg}");
+    }
+
+    #[test]
+    fn the_kernel_runs_on_the_cpu() {
+        assert_eq!(probe(&cpu()), Ok(()));
+    }
+
+    #[test]
+    fn through_the_kernel_the_weights_are_the_dequantized_ones() {
+        // Identity activations: y[k, n] = W[n, k], one product each, (q · scale) rounded once to bf16 — what
+        // compressed-tensors' dequantization gives. 1,072 rows: a block of REPACK_ROWS and a remainder of 48.
+        let (rows, cols) = (REPACK_ROWS + 48, 64);
+        let w = random_matrix(rows, cols, 1);
+        let linear = Int4Linear::new("w", &w, Kind::BFloat16, &cpu()).unwrap();
+        let y = linear.forward(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu))).unwrap();
+        assert_eq!(y.size(), [cols, rows]);
+        assert!(y.tr().equal(&w.dequantize().unwrap()));
+        assert_eq!(linear.bytes(), rows * cols / 2 + (cols / 32) * rows * 2 * 2);
+        // the activations must be what the scales were made for
+        let x = Tensor::ones([1, cols], (Kind::Float, Device::Cpu));
+        assert!(matches!(linear.forward(&x), Err(Error::Invalid(_))));
+        assert!(matches!(linear.forward(&x.to_kind(Kind::BFloat16).unsqueeze(0)), Err(Error::Invalid(_))));
+    }
+}

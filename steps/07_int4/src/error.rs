@@ -15,6 +15,9 @@ pub enum Error {
     /// libtorch refused an operation (`RuntimeError`).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// A Python exception raised while the engine ran, e.g. `KeyboardInterrupt` from a Ctrl-C; passed on as is.
+    #[error("{0}")]
+    Python(pyo3::PyErr),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

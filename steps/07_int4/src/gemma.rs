@@ -4,10 +4,11 @@
 //!
 //! One forward pass works on a chunk of consecutive tokens of one sequence. Keys and values go into fixed-size
 //! caches — a ring of `window + chunk` slots for each sliding layer, `ctx` slots for each full layer — and
-//! every layer attends over its cache, masking the slots it must not see. A decode step attends over all of
-//! them: the same program with the same shapes at every depth, what an accelerator that compiles per shape
-//! wants. A prompt chunk attends over the part of a full cache that can hold what it sees, rounded up to one
-//! of a few bucket sizes: few shapes, and no work on slots that are certainly empty.
+//! every layer attends over its cache, masking the slots it must not see. A prompt chunk or a decode step
+//! attends over the part of a full cache that can hold what it sees, rounded up to one of a few bucket sizes:
+//! few shapes, and no work on slots that are certainly empty. A decode step can instead attend over all of them
+//! (`DecodeSlots::All`): the same program with the same shapes at every depth, what an accelerator that
+//! compiles per shape wants.
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -125,7 +126,10 @@ impl Rotary {
         let exponents = Tensor::f_arange_start_step(0, 2 * pairs, 2, (Kind::Int64, Device::Cpu))?
             .f_to_kind(Kind::Float)?
             .f_div_scalar(d as f64)?;
-        let freq = Tensor::f_pow_scalar(rope.rope_theta, &exponents)?.f_reciprocal()?;
+        let mut freq = Tensor::f_pow_scalar(rope.rope_theta, &exponents)?.f_reciprocal()?;
+        if rope.rope_type == "proportional" {
+            freq = freq.f_div_scalar(rope.factor)?; // Transformers' `inv_freq /= factor` (after the zeros: same)
+        }
         let still = Tensor::f_zeros([d / 2 - pairs], (Kind::Float, Device::Cpu))?;
         Ok(Rotary { inv_freq: on(&Tensor::f_cat(&[freq, still], 0)?, like)? })
     }
@@ -247,7 +251,10 @@ impl Attention {
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
         let seen = cache.seen(self.kv_source, slots)?;
-        linear(&attend(&q, &seen.keys, &seen.values, &slots.masked)?, &self.o_proj)
+        // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
+        // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
+        let q = q.f_to_kind(cache.dtype)?;
+        linear(&attend(&q, &seen.keys, &seen.values, &slots.masked)?.f_to_kind(x.kind())?, &self.o_proj)
     }
 }
 // --8<-- [end:attention]
@@ -404,6 +411,20 @@ pub struct Cache {
     positions: ByKind<Tensor>,
     pub ctx: i64,
     window: i64,
+    /// The dtype of the keys and values, which attention computes in.
+    pub dtype: Kind,
+    /// How many full-cache slots a decode step attends over (see `decode_slots_at`).
+    pub decode_slots: DecodeSlots,
+}
+
+/// What a decode step's full layers attend over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeSlots {
+    /// The visible bucket: the slots up to the step's position, rounded up as a prompt chunk's are
+    /// (`full_slots_for`). A few shapes (eight at E2B), and no work on empty slots: the CPU and CUDA default.
+    Bucket,
+    /// All `ctx` slots: one shape, so one compiled program at every position — the TPU default.
+    All,
 }
 
 /// One layer's cache, `[kv_heads, slots, head_dim]` each.
@@ -440,7 +461,8 @@ impl Cache {
         }
         let empty =
             |kind| -> Result<Tensor> { Ok(on(&Tensor::f_full([slots(kind)], -1, (Kind::Int64, Device::Cpu))?, like)?) };
-        Ok(Cache { layers, positions: ByKind::try_new(empty)?, ctx, window: cfg.sliding_window })
+        let (positions, window) = (ByKind::try_new(empty)?, cfg.sliding_window);
+        Ok(Cache { layers, positions, ctx, window, dtype, decode_slots: DecodeSlots::Bucket })
     }
 
     /// Every slot empty; the stale keys and values stay, masked.
@@ -473,6 +495,19 @@ impl Cache {
     }
     // --8<-- [end:full_slots]
 
+    // --8<-- [start:decode_slots]
+    /// How many slots of a full cache a decode step at position `pos` attends over. A full cache holds position p
+    /// in slot p and a decode step never passes `ctx`, so what the step sees lies in slots `0..=pos`: with
+    /// `DecodeSlots::Bucket` that is rounded up exactly as a prompt chunk's (the added slots are masked and
+    /// change nothing, bit for bit); with `DecodeSlots::All` it is every slot.
+    pub fn decode_slots_at(&self, pos: i64) -> i64 {
+        match self.decode_slots {
+            DecodeSlots::Bucket => self.full_slots_for(pos + 1),
+            DecodeSlots::All => self.ctx,
+        }
+    }
+    // --8<-- [end:decode_slots]
+
     /// Records that the tokens at positions `pos` (int64 `[tokens]`) now occupy their slots — position p in slot
     /// p mod the cache's length — and returns, for each attention kind, those slots and what each token may
     /// see. Full layers attend over the first `full_slots` slots, sliding layers over their whole ring.
@@ -496,9 +531,10 @@ impl Cache {
 
     /// Writes a cache owner's keys and values `[tokens, kv_heads, head_dim]` into its slots.
     fn write(&mut self, layer: usize, slots: &Slots, k: &Tensor, v: &Tensor) -> Result<()> {
+        let dtype = self.dtype;
         let cache = self.layers[layer].as_mut().expect("a layer with k/v projections owns a cache");
-        let _ = cache.keys.f_index_copy_(1, &slots.written, &k.f_transpose(0, 1)?)?;
-        let _ = cache.values.f_index_copy_(1, &slots.written, &v.f_transpose(0, 1)?)?;
+        let _ = cache.keys.f_index_copy_(1, &slots.written, &k.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
+        let _ = cache.values.f_index_copy_(1, &slots.written, &v.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
         Ok(())
     }
 
@@ -553,8 +589,8 @@ impl Gemma {
         fallback: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Gemma> {
-        let held = &Held::new(weights, dtype, fallback);
         let cfg = model.config.text.clone();
+        let held = &Held::new(weights, dtype, fallback);
         // an empty tensor on the device stands in for the caller's (which may be large) from here on
         let like = &on(&Tensor::f_empty([0], (dtype, Device::Cpu))?, like)?;
         let packed_in_twin = |name: &str| twin.filter(|t| t.has(&format!("{name}.weight_packed")));
@@ -563,12 +599,22 @@ impl Gemma {
         let embed_tokens =
             Table::load(table_source("embed_tokens"), "embed_tokens", cfg.vocab_size, cfg.hidden_size, like)?;
         let per_layer_inputs = PerLayerInputs::load(table_source("embed_tokens_per_layer"), model, &cfg, held, like)?;
-        // The output head reads every row every token: kept 4-bit for the int4 kernel, or dequantized once (in the
-        // compute dtype) rather than unpacked at every step. Untied only when a checkpoint ships it.
+        // The output head reads every row every token: kept 4-bit, or dequantized once (in the compute dtype)
+        // rather than unpacked, 262144 × 1536 values, at every step. As Transformers: tied (the default), it is
+        // the embedding table, whatever else the checkpoint ships; untied, the checkpoint's `lm_head`. With the twin,
+        // its config says (the -text-emb4 repack unties the head to ship it packed), as Transformers reads the twin.
+        let tied = twin.map_or(cfg.tie_word_embeddings, |t| t.config.text.tie_word_embeddings);
         let has_head = |c: &&Checkpoint| c.has("lm_head.weight_packed") || c.has("lm_head.weight");
         let lm_head = match packed_in_twin("lm_head").or(Some(model).filter(has_head)) {
+            _ if tied => embed_tokens.head(held, like)?,
             Some(ckpt) => ckpt.held_linear("lm_head", cfg.vocab_size, cfg.hidden_size, held, like)?,
-            None => embed_tokens.head(held, like)?,
+            None => {
+                return Err(invalid!(
+                    "{}: tie_word_embeddings is false but no lm_head tensor is in the checkpoint{}",
+                    model.dir.display(),
+                    if twin.is_some() { " or its twin" } else { "" }
+                ))
+            }
         };
         let n = cfg.num_hidden_layers as usize;
         let mut layers = Vec::new();
@@ -594,9 +640,12 @@ impl Gemma {
     }
     // --8<-- [end:load]
 
-    /// Empty caches for a context of `ctx` tokens.
-    pub fn new_cache(&self, ctx: i64) -> Result<Cache> {
-        Cache::new(&self.cfg, ctx, self.dtype, &self.like)
+    /// Empty caches for a context of `ctx` tokens, held in `attention_dtype`: the dtype attention computes in.
+    /// The compute dtype keeps every bit Transformers' bf16 gives; float32 attention (keys and values rounded
+    /// to bf16 by their projections, then scores and probabilities kept in float32) is several times faster on
+    /// a CPU whose bf16 matmul has no fast path, where attention over a long cache dominates a decode step.
+    pub fn new_cache(&self, ctx: i64, attention_dtype: Kind) -> Result<Cache> {
+        Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
     }
 
     /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,
@@ -630,7 +679,7 @@ impl Gemma {
     // --8<-- [start:forward]
     /// One forward pass over `ids` at positions `pos` (int64 device tensors `[tokens]`), writing their keys
     /// and values into `cache`; full layers attend over the cache's first `full_slots` slots (a bucket for a
-    /// prompt chunk, all `cache.ctx` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`;
+    /// prompt chunk, `cache.decode_slots_at(pos)` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`;
     /// with `states`, also collects each layer's input (Transformers' `output_hidden_states` convention).
     pub fn forward(
         &self,
@@ -671,12 +720,13 @@ impl Gemma {
     // --8<-- [start:read]
     /// Reads a prompt into a fresh cache in chunks of `cache.chunk_len()` tokens, calling `each(start, out,
     /// states)` after each chunk with its final hidden states and, when `collect`, every layer's input (else an
-    /// empty list).
+    /// empty list). `interrupted` is asked after each chunk (the Python engine checks for Ctrl-C there).
     pub fn read(
         &self,
         ids: &[i64],
         cache: &mut Cache,
         collect: bool,
+        interrupted: &mut dyn FnMut() -> Result<()>,
         mut each: impl FnMut(i64, Tensor, Vec<Tensor>) -> Result<()>,
     ) -> Result<()> {
         cache.clear()?;
@@ -689,6 +739,7 @@ impl Gemma {
             let mut states = Vec::new();
             let out = self.forward(&self.to_device(chunk)?, &pos, full_slots, cache, collect.then_some(&mut states))?;
             each(start, out, states)?;
+            interrupted()?;
         }
         Ok(())
     }
@@ -706,10 +757,11 @@ impl Gemma {
         read_every: i64,
         stop: &[i64],
         cache: &mut Cache,
+        interrupted: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Generation> {
         let start = Instant::now();
         let mut last = None;
-        self.read(ids, cache, false, |_, out, _| {
+        self.read(ids, cache, false, interrupted, |_, out, _| {
             last = Some(out.f_select(0, out.size()[0] - 1)?.f_unsqueeze(0)?);
             Ok(())
         })?;
@@ -728,11 +780,14 @@ impl Gemma {
         let mut pending = Vec::new();
         let mut made = 1;
         while made < max_new && !stopped {
-            let out = self.forward(&token, &pos, cache.ctx, cache, None)?;
+            // the step's position, known on the host too: ids.len() for the first decode step
+            let full_slots = cache.decode_slots_at(ids.len() as i64 + made - 1);
+            let out = self.forward(&token, &pos, full_slots, cache, None)?;
             token = self.head(&out)?.f_argmax(-1, false)?;
             pos = pos.f_add_scalar(1)?;
             pending.push(token.shallow_clone());
             made += 1;
+            interrupted()?;
             if pending.len() as i64 == read_every || made == max_new {
                 let read = Vec::<i64>::try_from(Tensor::f_cat(&pending, 0)?)?;
                 stopped = read.iter().any(|t| stop.contains(t));
@@ -747,6 +802,31 @@ impl Gemma {
         Ok(Generation { tokens, read_s, decode_s })
     }
     // --8<-- [end:generate]
+
+    // --8<-- [start:prefill]
+    /// Reads the prompt `ids` into a fresh cache; returns the logits `[1, vocab]` after its last token.
+    pub fn prefill(
+        &self,
+        ids: &[i64],
+        cache: &mut Cache,
+        interrupted: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Tensor> {
+        let mut last = None;
+        self.read(ids, cache, false, interrupted, |_, out, _| {
+            last = Some(out.f_narrow(0, out.size()[0] - 1, 1)?);
+            Ok(())
+        })?;
+        self.head(&last.ok_or_else(|| invalid!("prefill: the prompt is empty"))?)
+    }
+
+    /// One decode step: `token` (int64 `[1]` on the device) at position `pos` into the cache; returns the
+    /// logits `[1, vocab]` for the token after it.
+    pub fn step(&self, token: &Tensor, pos: i64, cache: &mut Cache) -> Result<Tensor> {
+        let full_slots = cache.decode_slots_at(pos);
+        let out = self.forward(token, &self.to_device(&[pos])?, full_slots, cache, None)?;
+        self.head(&out)
+    }
+    // --8<-- [end:prefill]
 }
 
 #[cfg(test)]

@@ -83,10 +83,17 @@ pub struct Rope {
     pub rope_theta: f64,
     #[serde(default = "one")]
     pub partial_rotary_factor: f64,
+    /// Proportional RoPE divides every frequency by it, as Transformers does (default 1).
+    #[serde(default = "one")]
+    pub factor: f64,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +108,7 @@ pub struct TextConfig {
     /// Head size of the full-attention layers. Transformers defaults it to 512 when absent; so do we.
     #[serde(default)]
     pub global_head_dim: Option<i64>,
+    /// KV heads of the full layers — read only with `attention_k_eq_v`, as Transformers reads it.
     #[serde(default)]
     pub num_global_key_value_heads: Option<i64>,
     pub hidden_size_per_layer_input: i64,
@@ -118,6 +126,9 @@ pub struct TextConfig {
     #[serde(default)]
     pub final_logit_softcapping: Option<f64>,
     pub hidden_activation: String,
+    /// Tied: the output head is the embedding table, even when a checkpoint also ships an `lm_head`.
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
     pub layer_types: Vec<String>,
     pub rope_parameters: HashMap<String, Rope>,
 }
@@ -225,7 +236,11 @@ impl TextConfig {
 
     pub fn kv_heads(&self, kind: AttentionKind) -> i64 {
         match kind {
-            AttentionKind::Full => self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads),
+            // Transformers overrides the full layers' KV heads only for models that share values with keys
+            AttentionKind::Full if self.attention_k_eq_v => {
+                self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads)
+            }
+            AttentionKind::Full => self.num_key_value_heads,
             AttentionKind::Sliding => self.num_key_value_heads,
         }
     }

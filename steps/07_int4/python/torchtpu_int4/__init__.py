@@ -4,6 +4,8 @@
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")
     engine.weights, engine.weights_reason      # "int4" or "bf16", and why
     tokens, read_s, decode_s = engine.generate(ids, max_new)
+    for token in engine.stream(ids, max_new, stop=[1]):   # step 03's streaming and sampling, unchanged
+        ...
 
 Everything else is step 03's contract. The Python helpers (checkpoints, devices, records, prompting, the
 Transformers reference) are step 03's, in `torchtpu_rs`.
@@ -11,18 +13,21 @@ Transformers reference) are step 03's, in `torchtpu_rs`.
 import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that torch loads)
 
 from ._engine import (
-                      BUILT_WITH_TORCH,
-                      INT4_KERNEL,
-                      RUSTC_VERSION,
-                      TCH_VERSION,
-                      Engine,
-                      int4_kernel,
-                      int4_linear,
-                      layout_for,
-                      repack,
+    BUILT_WITH_TORCH,
+    INT4_KERNEL,
+    RUSTC_VERSION,
+    TCH_VERSION,
+    Engine,
+    TokenStream,
+    filtered_probs,
+    int4_kernel,
+    int4_linear,
+    layout_for,
+    repack,
+    sample,
 )
 
 WEIGHTS = ("auto", "int4", "bf16")
 
-__all__ = ["Engine", "layout_for", "int4_kernel", "repack", "int4_linear", "INT4_KERNEL", "WEIGHTS", "TCH_VERSION",
-           "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+__all__ = ["Engine", "TokenStream", "layout_for", "filtered_probs", "sample", "int4_kernel", "repack", "int4_linear",
+           "INT4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]

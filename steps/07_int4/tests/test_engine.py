@@ -21,6 +21,15 @@ def kl(p_logits, q_logits) -> float:
     return float((log_p.exp() * (log_p - log_q)).sum())
 
 
+def top5_agree(a, b, near=0.1) -> bool:
+    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
+    logits within `near` of each other (probabilities within 11 %)."""
+    ia, (vb, ib) = a.topk(5).indices, b.topk(5)
+    if set(ia.tolist()) != set(ib.tolist()):
+        return False
+    return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
+
+
 def cpu():
     return torch.empty(0)
 
@@ -33,10 +42,14 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
 
 
 def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny):
+    """In float32 the kernel takes a scalar loop on x86: auto keeps the dequantized weights; "int4" forces the
+    kernel, with float32 scales, and its answer stays next to the dequantized float32 one."""
     auto = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32")
     assert auto.weights == "bf16" and "scalar path" in auto.weights_reason
     forced = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", weights="int4")
     assert forced.weights == "int4" and "float32" in forced.weights_reason
+    a, b = forced.logits(PROMPTS[0], [7])[0], auto.logits(PROMPTS[0], [7])[0]
+    assert kl(b, a) <= 1e-2 and a.argmax() == b.argmax()
     bf16 = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights="bf16")
     assert bf16.weights == "bf16" and "step 03" in bf16.weights_reason
 
@@ -118,10 +131,10 @@ def variant(request, tiny, tiny_multimodal):
 
 # --8<-- [start:parity]
 def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model):
-    """On the tiny random models (near-uniform logits, the worst case for agreement): the next-token KL of int4
-    against the bf16 path of the same files stays under 1e-2, as does its KL against Transformers in float32,
-    where the bf16 path itself sits at the same distance. (The issue's 1e-3 against bf16 is not met here; see
-    the step's page.)"""
+    """On the tiny random models (near-uniform logits, the worst case for agreement): the same five next tokens;
+    the next-token KL of int4 against the bf16 path of the same files under 1e-2, as is its KL against Transformers
+    in float32, where the bf16 path itself sits at the same distance. (Measured: 3e-3 to 7e-3 against bf16, so
+    the issue's 1e-3 is not met here; see the step's page.)"""
     name, model, emb4, reference = variant
     int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4")
     bf16 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="bf16")
@@ -131,6 +144,7 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model)
         a, b = int4.logits(ids, last)[0], bf16.logits(ids, last)[0]
         with torch.no_grad():
             want = hf(torch.tensor([ids])).logits[0, -1].float()
+        assert top5_agree(a, b), (name, a.topk(5), b.topk(5))
         assert kl(b, a) <= 1e-2, (name, kl(b, a))
         assert kl(want, a) <= 1e-2, (name, kl(want, a))
         assert kl(want, a) <= 3 * max(kl(want, b), 1e-3), (name, kl(want, a), kl(want, b))
@@ -140,13 +154,18 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model)
 # --8<-- [end:parity]
 
 
-def test_the_bf16_path_is_step_03s(tiny):
-    """weights="bf16" is step 03's engine, bit for bit (its logits equal torchtpu_rs's)."""
+@pytest.mark.parametrize("attention_dtype", [None, "float32"])
+def test_the_bf16_path_is_step_03s(tiny, attention_dtype):
+    """weights="bf16" is step 03's engine, bit for bit (its logits and tokens equal torchtpu_rs's), with either
+    attention dtype."""
     import torchtpu_rs
 
-    ours = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="bf16").logits(PROMPTS[1])
-    theirs = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", cpu(), CTX).logits(PROMPTS[1])
-    assert torch.equal(ours, theirs)
+    ours = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="bf16",
+                                attention_dtype=attention_dtype)
+    theirs = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, attention_dtype=attention_dtype)
+    assert ours.attention_dtype == theirs.attention_dtype
+    assert torch.equal(ours.logits(PROMPTS[1]), theirs.logits(PROMPTS[1]))
+    assert ours.generate(PROMPTS[0], 24)[0] == theirs.generate(PROMPTS[0], 24)[0]
 
 
 def test_generate_contract_holds_in_int4(tiny):
@@ -166,3 +185,18 @@ def test_generate_contract_holds_in_int4(tiny):
     worker.start()
     worker.join()
     assert errors and "thread" in str(errors[0].value)
+
+
+def test_streaming_sampling_and_decode_slots_hold_in_int4(tiny):
+    """Step 03's prefill, token stream, sampling and decode_slots, unchanged with 4-bit linears."""
+    bucket = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4", decode_slots="bucket")
+    every = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4", decode_slots="all")
+    prompt = PROMPTS[0]
+    greedy = bucket.generate(prompt, 24)[0]
+    assert list(bucket.stream(prompt, 24)) == greedy == list(every.stream(prompt, 24))
+    last = bucket.logits(prompt, [len(prompt) - 1])[0]
+    assert torch.equal(bucket.prefill(prompt), last)
+    assert list(bucket.tokens(10, stop=[greedy[3]])) == greedy[: greedy.index(greedy[3]) + 1]
+    def draws(seed):
+        return list(bucket.stream(prompt, 20, temperature=1.3, top_k=50, top_p=0.95, seed=seed))
+    assert draws(5) == draws(5) != draws(6)

@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod gemma;
 mod int4;
+mod sampling;
 mod weights;
 
 use std::path::PathBuf;
@@ -22,8 +23,9 @@ use tch::{Kind, Tensor};
 use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use error::Error;
-use gemma::{Cache, Gemma, Generation};
+use gemma::{Cache, DecodeSlots, Gemma, Generation};
 use int4::Weights;
+use sampling::{Rng, Sampling};
 use weights::Checkpoint;
 
 impl From<Error> for PyErr {
@@ -33,6 +35,7 @@ impl From<Error> for PyErr {
             Error::Invalid(msg) => PyValueError::new_err(msg),
             Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
             Error::Torch(t) => torch_error(t),
+            Error::Python(e) => e,
         }
     }
 }
@@ -40,11 +43,59 @@ impl From<Error> for PyErr {
 struct State {
     model: Gemma,
     cache: Cache,
+    /// Counts the calls that reuse the cache, so that a token stream knows when another call has taken it.
+    epoch: u64,
+    /// Where the last `prefill` left the cache, for `tokens` to continue from.
+    prefilled: Option<Prefilled>,
     /// Why the linears are held the way they are (what `weights="auto"` found, or what was asked for).
     weights_reason: String,
 }
 
-/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, weights="auto")
+/// A prompt read into the cache by `prefill`, not yet continued.
+struct Prefilled {
+    logits: Tensor,
+    len: i64,
+}
+
+/// Ctrl-C between prompt chunks and decode steps: the GIL taken back for a moment, Python's signal handlers
+/// run, and a `KeyboardInterrupt` (or whatever a handler raises) ends the call.
+fn check_signals() -> error::Result<()> {
+    Python::attach(|py| py.check_signals()).map_err(Error::Python)
+}
+
+fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<DecodeSlots> {
+    match decode_slots {
+        Some("bucket") => Ok(DecodeSlots::Bucket),
+        Some("all") => Ok(DecodeSlots::All),
+        Some(other) => Err(PyValueError::new_err(format!("decode_slots={other:?}: use \"bucket\", \"all\" or None"))),
+        // the default: one compiled program at every position on a TPU; elsewhere no work on empty slots
+        None => {
+            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+            Ok(if device == "tpu" { DecodeSlots::All } else { DecodeSlots::Bucket })
+        }
+    }
+}
+
+/// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
+/// where torch's bf16 matmul has no fast path (oneDNN finds no AVX-512 or AMX there: torch's
+/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), where float32 attention is several times faster.
+fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) -> PyResult<Kind> {
+    match arg {
+        Some(name) => compute_dtype(name).map_err(|_| {
+            PyValueError::new_err(format!("attention_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))
+        }),
+        None if dtype == Kind::Float => Ok(Kind::Float),
+        None => {
+            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+            let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
+            let fast_bf16: bool = mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()?;
+            Ok(if device == "cpu" && !fast_bf16 { Kind::Float } else { Kind::BFloat16 })
+        }
+    }
+}
+
+/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
+///        weights="auto")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -54,10 +105,17 @@ struct State {
 /// ctx: context length, i.e. the length of the full-attention caches.
 /// dtype: "bfloat16" or "float32", the precision of the arithmetic.
 /// progress: None, or a callable(done, total) called while layers load.
+/// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
+///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
+///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
+///     Both give the same tokens and logits, bit for bit.
+/// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
+///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
+///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
 /// weights: "int4" (linears and a packed head kept 4-bit, multiplied by aten::_weight_int4pack_mm_for_cpu;
-///   NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
-///   "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
-///   was taken and `engine.weights_reason` why.
+///     NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
+///     "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
+///     was taken and `engine.weights_reason` why.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_int4")]
@@ -72,6 +130,14 @@ fn compute_dtype(dtype: &str) -> PyResult<Kind> {
         "float32" => Ok(Kind::Float),
         _ => Err(PyValueError::new_err(format!("dtype={dtype:?}: use \"bfloat16\" or \"float32\""))),
     }
+}
+
+fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
+    let most = cfg.max_position_embeddings;
+    if ctx < 1 || ctx > most {
+        return Err(PyValueError::new_err(format!("ctx={ctx}: must be between 1 and max_position_embeddings={most}")));
+    }
+    Ok(())
 }
 
 // --8<-- [start:choose]
@@ -192,19 +258,12 @@ fn int4_linear<'py>(
     give(py, &linear.forward(&x)?)
 }
 
-fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
-    let most = cfg.max_position_embeddings;
-    if ctx < 1 || ctx > most {
-        return Err(PyValueError::new_err(format!("ctx={ctx}: must be between 1 and max_position_embeddings={most}")));
-    }
-    Ok(())
-}
-
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, weights = "auto"))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
+                        attention_dtype = None, weights = "auto"))]
+    #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
         emb4_dir: Option<PathBuf>,
@@ -212,10 +271,15 @@ impl Engine {
         ctx: i64,
         dtype: &str,
         progress: Option<Bound<'_, PyAny>>,
+        decode_slots: Option<&str>,
+        attention_dtype: Option<&str>,
         weights: &str,
     ) -> PyResult<Self> {
         let dtype = compute_dtype(dtype)?;
-        let like = take(like, "Engine(like)")?;
+        let like_tensor = take(like, "Engine(like)")?;
+        let decode_slots = decode_slots_arg(decode_slots, like)?;
+        let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
+        let like = like_tensor;
         let (weights, fallback, weights_reason) = choose_weights(weights, dtype, &like)?;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;
@@ -237,8 +301,9 @@ impl Engine {
                 model.kept_dense
             ),
         };
-        let cache = model.new_cache(ctx)?;
-        let state = State { model, cache, weights_reason };
+        let mut cache = model.new_cache(ctx, attention_dtype)?;
+        cache.decode_slots = decode_slots;
+        let state = State { model, cache, epoch: 0, prefilled: None, weights_reason };
         Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
     }
 
@@ -252,6 +317,24 @@ impl Engine {
     #[getter]
     fn weights_reason(&self) -> PyResult<String> {
         Ok(self.state()?.weights_reason.clone())
+    }
+
+    /// What a decode step's full layers attend over: "bucket" or "all" (see the class docstring).
+    #[getter]
+    fn decode_slots(&self) -> PyResult<&'static str> {
+        Ok(match self.state()?.cache.decode_slots {
+            DecodeSlots::Bucket => "bucket",
+            DecodeSlots::All => "all",
+        })
+    }
+
+    /// The dtype attention computes in: "bfloat16" or "float32" (see the class docstring).
+    #[getter]
+    fn attention_dtype(&self) -> PyResult<&'static str> {
+        Ok(match self.state()?.cache.dtype {
+            Kind::Float => "float32",
+            _ => "bfloat16",
+        })
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
@@ -276,29 +359,111 @@ impl Engine {
         stop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<i64>, f64, f64)> {
         let ids = token_ids(ids, "generate(ids)")?;
-        let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
-        let vocab = vocabulary(&state.model.cfg);
-        if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
-            return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
-        }
-        if max_new < 0 || ids.len() as i64 + max_new > ctx {
-            return Err(PyValueError::new_err(format!(
-                "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({} + {max_new} > {ctx})",
-                ids.len()
-            )));
-        }
+        let stop = checked_stop(stop, &state.model.cfg)?;
+        check_max_new(max_new, ids.len() as i64, ctx)?;
         if read_every < 1 {
             return Err(PyValueError::new_err(format!("read_every={read_every}: must be >= 1")));
         }
         // The GIL is released while the model runs: other Python threads go on (and get a RuntimeError if they
         // touch this engine). `&mut` is Send where `&` would need Sync, which tensors are not.
         let state: &mut State = &mut state;
-        let Generation { tokens, read_s, decode_s } =
-            py.detach(move || state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache))?;
+        state.taken();
+        let Generation { tokens, read_s, decode_s } = py.detach(move || {
+            state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache, &mut check_signals)
+        })?;
         Ok((tokens, read_s, decode_s))
+    }
+
+    /// prefill(ids) -> torch.Tensor
+    ///
+    /// Reads the prompt `ids` into a fresh cache (in chunks, as generate does) and returns the float32 logits
+    /// [vocab] after its last token. Continue with `tokens(...)`.
+    fn prefill<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let ids = token_ids(ids, "prefill(ids)")?;
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let state: &mut State = &mut state;
+        state.taken();
+        let (reading, prompt): (&mut State, &[i64]) = (&mut *state, &ids);
+        let logits = py.detach(move || reading.model.prefill(prompt, &mut reading.cache, &mut check_signals))?;
+        let row = logits.f_to_kind(Kind::Float).map_err(torch_error)?.f_reshape([-1]).map_err(torch_error)?;
+        state.prefilled = Some(Prefilled { logits, len: ids.len() as i64 });
+        give(py, &row)
+    }
+
+    /// tokens(max_new, stop=None, temperature=None, top_k=None, top_p=None, seed=None) -> Iterator[int]
+    ///
+    /// The tokens after the last `prefill`, yielded as they are made: at most `max_new` (len(ids) + max_new <=
+    /// ctx), ending after the first one in `stop`. Greedy unless temperature, top_k or top_p is set; then sampled
+    /// from the distribution Transformers' temperature, top-k and top-p processors leave (temperature defaults to
+    /// 1.0), with a generator seeded by `seed` (an int; None: from the clock): the same seed, the same tokens.
+    /// Any other call on the engine ends the stream (its next step raises RuntimeError).
+    #[pyo3(signature = (max_new, stop = None, temperature = None, top_k = None, top_p = None, seed = None))]
+    fn tokens(
+        slf: &Bound<'_, Self>,
+        max_new: i64,
+        stop: Option<&Bound<'_, PyAny>>,
+        temperature: Option<&Bound<'_, PyAny>>,
+        top_k: Option<&Bound<'_, PyAny>>,
+        top_p: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<TokenStream> {
+        let engine = slf.borrow();
+        let mut state = engine.state()?;
+        let stop = checked_stop(stop, &state.model.cfg)?;
+        let sampling = sampling_args(temperature, top_k, top_p)?;
+        let seed = seed_arg(seed)?;
+        let prefilled = state.prefilled.take().ok_or_else(|| {
+            PyRuntimeError::new_err("tokens: no prompt read; call prefill(ids) first (each prefill serves one stream)")
+        })?;
+        check_max_new(max_new, prefilled.len, state.cache.ctx)?;
+        state.epoch += 1;
+        let stream = Stream {
+            epoch: state.epoch,
+            logits: Some(prefilled.logits),
+            unfed: None,
+            pos: prefilled.len,
+            made: 0,
+            max_new,
+            stop,
+            sampler: sampling.map(|s| (s, Rng::new(seed))),
+            done: false,
+            last_logits: None,
+        };
+        Ok(TokenStream { engine: slf.clone().unbind(), stream: Mutex::new(stream) })
+    }
+
+    /// stream(ids, max_new, stop=None, temperature=None, top_k=None, top_p=None, seed=None) -> Iterator[int]
+    ///
+    /// prefill(ids), then tokens(max_new, ...): the prompt is read now, the tokens come as you iterate.
+    #[pyo3(signature = (ids, max_new, stop = None, temperature = None, top_k = None, top_p = None, seed = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        slf: &Bound<'_, Self>,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        max_new: i64,
+        stop: Option<&Bound<'_, PyAny>>,
+        temperature: Option<&Bound<'_, PyAny>>,
+        top_k: Option<&Bound<'_, PyAny>>,
+        top_p: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<TokenStream> {
+        {
+            // check everything before reading the prompt
+            let engine = slf.borrow();
+            let state = engine.state()?;
+            let n = token_ids(ids, "stream(ids)")?.len() as i64;
+            checked_stop(stop, &state.model.cfg)?;
+            sampling_args(temperature, top_k, top_p)?;
+            seed_arg(seed)?;
+            check_max_new(max_new, n, state.cache.ctx)?;
+        }
+        slf.borrow().prefill(py, ids)?;
+        Engine::tokens(slf, max_new, stop, temperature, top_k, top_p, seed)
     }
 
     /// logits(ids, positions=None) -> torch.Tensor
@@ -321,9 +486,10 @@ impl Engine {
         if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= n) {
             return Err(PyValueError::new_err(format!("positions: {p} is not an index into ids (len {n})")));
         }
+        state.taken();
         let State { model, cache, .. } = &mut *state;
         let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
-        model.read(&ids, cache, false, |start, out, _| {
+        model.read(&ids, cache, false, &mut check_signals, |start, out, _| {
             for (slot, &p) in rows.iter_mut().zip(&positions) {
                 if (start..start + out.size()[0]).contains(&p) {
                     let row = model.head(&out.f_narrow(0, p - start, 1)?)?;
@@ -349,9 +515,10 @@ impl Engine {
         let ids = token_ids(ids, "hidden_states(ids)")?;
         let mut state = self.state()?;
         check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        state.taken();
         let State { model, cache, .. } = &mut *state;
         let mut chunks: Vec<Vec<Tensor>> = Vec::new();
-        model.read(&ids, cache, true, |_, _, states| {
+        model.read(&ids, cache, true, &mut check_signals, |_, _, states| {
             chunks.push(states);
             Ok(())
         })?;
@@ -386,6 +553,103 @@ impl Engine {
             layout.shared_layers,
             layout.sliding_ring_len
         ))
+    }
+}
+
+impl State {
+    /// A call is about to reuse the cache: a stream or prefill in progress ends.
+    fn taken(&mut self) {
+        self.epoch += 1;
+        self.prefilled = None;
+    }
+}
+
+/// The iterator `Engine.tokens` and `Engine.stream` return: one decode step per `next`, made when asked.
+#[pyclass(module = "torchtpu_int4")]
+struct TokenStream {
+    engine: Py<Engine>,
+    stream: Mutex<Stream>,
+}
+
+/// A token stream's progress.
+struct Stream {
+    epoch: u64,
+    /// Logits to pick the next token from (after the prefill, or after the last step).
+    logits: Option<Tensor>,
+    /// The last token yielded, not yet fed back (the step is made at the next `next`, not ahead of it).
+    unfed: Option<Tensor>,
+    /// The position the unfed token goes to.
+    pos: i64,
+    made: i64,
+    max_new: i64,
+    stop: Vec<i64>,
+    sampler: Option<(Sampling, Rng)>,
+    done: bool,
+    /// The logits the last token was picked from.
+    last_logits: Option<Tensor>,
+}
+
+#[pymethods]
+impl TokenStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// last_logits() -> torch.Tensor | None
+    ///
+    /// The float32 logits [vocab] the last yielded token was picked from (before any sampling filter).
+    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stream = self.stream.lock().map_err(|_| PyRuntimeError::new_err("TokenStream: broken"))?;
+        match &stream.last_logits {
+            None => Ok(None),
+            Some(l) => {
+                Ok(Some(give(py, &l.f_to_kind(Kind::Float).and_then(|l| l.f_reshape([-1])).map_err(torch_error)?)?))
+            }
+        }
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        // A C loop over the stream (`list(stream)`) never returns to Python's eval loop, where Ctrl-C is noticed
+        py.check_signals()?;
+        let engine = self.engine.bind(py).borrow();
+        let mut state = engine.state()?;
+        let mut stream = self.stream.lock().map_err(|_| PyRuntimeError::new_err("TokenStream: broken"))?;
+        let s: &mut Stream = &mut stream;
+        if s.done || s.made >= s.max_new {
+            s.done = true;
+            return Ok(None);
+        }
+        if state.epoch != s.epoch {
+            s.done = true;
+            return Err(PyRuntimeError::new_err(
+                "TokenStream: another call on the engine has reused its cache since this stream began",
+            ));
+        }
+        let st: &mut State = &mut state;
+        let result = py.detach(move || -> error::Result<(Tensor, i64)> {
+            if let Some(token) = s.unfed.take() {
+                s.logits = Some(st.model.step(&token, s.pos, &mut st.cache)?);
+                s.pos += 1;
+            }
+            let logits = s.logits.take().expect("logits after the prefill or a step");
+            let token = sampling::pick(&logits, s.sampler.as_mut().map(|(sampling, rng)| (&*sampling, rng)))?;
+            s.last_logits = Some(logits);
+            let id = token.f_int64_value(&[0])?;
+            s.made += 1;
+            if s.stop.contains(&id) {
+                s.done = true;
+            } else {
+                s.unfed = Some(token.f_reshape([1])?);
+            }
+            Ok((token, id))
+        });
+        match result {
+            Ok((_, id)) => Ok(Some(id)),
+            Err(e) => {
+                stream.done = true;
+                Err(e.into())
+            }
+        }
     }
 }
 
@@ -437,6 +701,79 @@ fn stop_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         .collect()
 }
 
+/// Stop ids checked against the vocabulary (None: no stop).
+fn checked_stop(stop: Option<&Bound<'_, PyAny>>, cfg: &TextConfig) -> PyResult<Vec<i64>> {
+    let stop = stop.map(stop_ids).transpose()?.unwrap_or_default();
+    let vocab = vocabulary(cfg);
+    if let Some(id) = stop.iter().find(|&&id| id < 0 || id >= vocab) {
+        return Err(PyValueError::new_err(format!("stop: {id} is outside the vocabulary [0, {vocab})")));
+    }
+    Ok(stop)
+}
+
+fn check_max_new(max_new: i64, n: i64, ctx: i64) -> PyResult<()> {
+    if max_new < 0 || n + max_new > ctx {
+        return Err(PyValueError::new_err(format!(
+            "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
+        )));
+    }
+    Ok(())
+}
+
+/// A number argument: an int or float (not a bool), else a TypeError naming it.
+fn number<T: for<'a, 'py> FromPyObject<'a, 'py>>(
+    obj: Option<&Bound<'_, PyAny>>,
+    arg: &str,
+    what: &str,
+) -> PyResult<Option<T>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let got = || {
+        format!(
+            "{} {}",
+            obj.get_type().name().map_or("?".into(), |n| n.to_string()),
+            obj.repr().map_or("?".into(), |r| r.to_string())
+        )
+    };
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())));
+    }
+    obj.extract::<T>().map(Some).map_err(|_| PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())))
+}
+
+/// Greedy (None) unless temperature, top_k or top_p is given.
+fn sampling_args(
+    temperature: Option<&Bound<'_, PyAny>>,
+    top_k: Option<&Bound<'_, PyAny>>,
+    top_p: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Sampling>> {
+    let temperature = number::<f64>(temperature, "temperature", "a float")?;
+    let top_k = if top_k.is_some_and(|k| k.is_instance_of::<pyo3::types::PyFloat>()) {
+        return Err(PyTypeError::new_err(format!("top_k: expected an int, got float {}", top_k.unwrap())));
+    } else {
+        number::<i64>(top_k, "top_k", "an int")?
+    };
+    let top_p = number::<f64>(top_p, "top_p", "a float")?;
+    if temperature.is_none() && top_k.is_none() && top_p.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Sampling::new(temperature.unwrap_or(1.0), top_k, top_p)?))
+}
+
+/// The seed: an int (any size: taken modulo 2^64), or None for one from the clock.
+fn seed_arg(seed: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+    let Some(seed) = seed.filter(|s| !s.is_none()) else {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return Ok(now.as_nanos() as u64);
+    };
+    let is_int = seed.is_instance_of::<pyo3::types::PyInt>() && !seed.is_instance_of::<pyo3::types::PyBool>();
+    if !is_int {
+        let name = seed.get_type().name().map_or("?".into(), |n| n.to_string());
+        return Err(PyTypeError::new_err(format!("seed: expected an int, got {name} {}", seed.repr()?)));
+    }
+    let masked = seed.call_method1("__and__", (u64::MAX,))?;
+    masked.extract::<u64>()
+}
+
 /// The ids both embedding tables hold: what a prompt may contain.
 fn vocabulary(cfg: &TextConfig) -> i64 {
     cfg.vocab_size.min(cfg.vocab_size_per_layer_input)
@@ -467,12 +804,54 @@ fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> 
     Ok(config::layout(&cfg).into())
 }
 
-/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, and the versions it was built with.
+/// sample(logits, n, seed, temperature=1.0, top_k=None, top_p=None) -> list[int]
+///
+/// `n` draws from one row of logits, filtered and drawn exactly as `Engine.tokens` samples (for tests and for
+/// seeing what the arguments do).
+#[pyfunction]
+#[pyo3(signature = (logits, n, seed, temperature = None, top_k = None, top_p = None))]
+fn sample(
+    logits: &Bound<'_, PyAny>,
+    n: i64,
+    seed: &Bound<'_, PyAny>,
+    temperature: Option<&Bound<'_, PyAny>>,
+    top_k: Option<&Bound<'_, PyAny>>,
+    top_p: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<i64>> {
+    let logits = take(logits, "sample(logits)")?.f_reshape([1, -1]).map_err(torch_error)?;
+    let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
+    let mut rng = Rng::new(seed_arg(Some(seed))?);
+    let probs = sampling.probabilities(&logits)?;
+    (0..n).map(|_| Ok(rng.draw(&probs)?)).collect()
+}
+
+/// filtered_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Tensor
+///
+/// The float32 distribution `tokens` samples from: temperature, top-k, top-p as Transformers' processors.
+#[pyfunction]
+#[pyo3(signature = (logits, temperature = None, top_k = None, top_p = None))]
+fn filtered_probs<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    temperature: Option<&Bound<'py, PyAny>>,
+    top_k: Option<&Bound<'py, PyAny>>,
+    top_p: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let logits = take(logits, "filtered_probs(logits)")?;
+    let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
+    give(py, &sampling.probabilities(&logits)?)
+}
+
+/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `repack`, `int4_linear`, and the versions it
+/// was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
     m.py().import("torch")?;
     m.add_class::<Engine>()?;
+    m.add_class::<TokenStream>()?;
+    m.add_function(wrap_pyfunction!(sample, m)?)?;
+    m.add_function(wrap_pyfunction!(filtered_probs, m)?)?;
     m.add_function(wrap_pyfunction!(layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(int4_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(repack, m)?)?;

@@ -1,6 +1,6 @@
 """The default model of steps 03-06 (trained on the records task): int4 against the bf16 path of the same files,
-on record prompts — top-5 equal, KL <= 1e-3, the same greedy answer — and against Transformers in float32,
-KL <= 1e-2. Skipped, saying why, while the trained model is not installed with torchtpu_rs."""
+on record prompts — the same five next tokens, KL <= 1e-3, the same greedy answer, and the right one — and against
+Transformers in float32, KL <= 1e-2."""
 import random
 
 import pytest
@@ -8,13 +8,6 @@ import torch
 import torchtpu_int4
 from torchtpu_rs import checkpoints, prompting
 from torchtpu_rs.reference import transformers_model
-
-
-def trained_or_skip(layout):
-    try:
-        return checkpoints.trained(layout)
-    except (FileNotFoundError, AttributeError) as e:
-        pytest.skip(f"the trained default model is not installed yet: {e}")
 
 
 def record_prompt(tokenizer, n: int, seed: int):
@@ -31,31 +24,47 @@ def kl(p_logits, q_logits) -> float:
     return float((log_p.exp() * (log_p - log_q)).sum())
 
 
-@pytest.mark.parametrize("layout", ["causal", "multimodal"])
+def top5_agree(a, b, near=0.1) -> bool:
+    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
+    logits within `near` of each other (probabilities within 11 %)."""
+    ia, (vb, ib) = a.topk(5).indices, b.topk(5)
+    if set(ia.tolist()) != set(ib.tolist()):
+        return False
+    return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
+
+
+def answer(engine, ids, stop):
+    """One read of the prompt: the next-token logits and the greedy answer (up to 10 tokens)."""
+    stream = engine.stream(ids, 10, stop=stop)
+    first = next(stream)
+    logits = stream.last_logits().clone()
+    return logits, [first, *stream]
+
+
+# The causal layout (the multimodal one holds the same weights; step 03 tests reading it). The twins differ: emb4
+# keeps its tables and its untied head 4-bit, with F16 scales, which the int4 kernel reads as bf16.
 @pytest.mark.parametrize("twin", ["text", "emb4"])
-def test_int4_answers_as_bf16_does(layout, twin):
+def test_int4_answers_as_bf16_does(twin):
     from transformers import AutoTokenizer
 
-    folder = trained_or_skip(layout)
+    folder = checkpoints.trained("causal")
     emb4 = folder / "emb4" if twin == "emb4" else None
     tokenizer = AutoTokenizer.from_pretrained(folder / "text")
     int4 = torchtpu_int4.Engine(folder / "text", emb4, torch.empty(0), 2048, weights="int4")
     bf16 = torchtpu_int4.Engine(folder / "text", emb4, torch.empty(0), 2048, weights="bf16")
+    assert int4.weights == "int4"
     hf = transformers_model(folder / twin)
     stop = prompting.eos_ids(folder / "text")
-    for n in (1, 3, 9, 17, 30, 48):
+    # 48 records: the longest contexts the model was trained on, about 700 tokens; in the emb4 twin the 4th and
+    # 5th tokens swap at 3 and 17 records (a near-tie 0.03 and 0.014 apart, each e^-12.5 as likely as the answer)
+    for n in (1, 3, 17, 48):
         ids, code = record_prompt(tokenizer, n, seed=100 + n)
-        a, b = int4.logits(ids, [len(ids) - 1])[0], bf16.logits(ids, [len(ids) - 1])[0]
+        a, tokens = answer(int4, ids, stop)
+        b, want_tokens = answer(bf16, ids, stop)
         with torch.no_grad():
             want = hf(torch.tensor([ids])).logits[0, -1].float()
-        # the same five tokens; in the same order but where two of them are a near-tie (the emb4 twin's 4th and 5th
-        # differ by 0.03 in bf16 logits, each about e^-12.5 as likely as the answer)
-        ia, (vb, ib) = a.topk(5).indices, b.topk(5)
-        assert set(ia.tolist()) == set(ib.tolist()), n
-        swapped = ia != ib
-        assert not swapped.any() or (b[ia[swapped]] - vb[swapped]).abs().max().item() <= 0.05, n
+        assert top5_agree(a, b), (n, a.topk(5), b.topk(5))
         assert kl(b, a) <= 1e-3, (n, kl(b, a))
         assert kl(want, a) <= 1e-2, (n, kl(want, a))
-        tokens = int4.generate(ids, 10, stop=stop)[0]
-        assert tokens == bf16.generate(ids, 10, stop=stop)[0], n
+        assert tokens == want_tokens, n
         assert tokenizer.decode(tokens, skip_special_tokens=True).strip() == code, n
