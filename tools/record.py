@@ -44,13 +44,6 @@ def resolve(device: str) -> str:
     return choose_device(device).type
 
 
-def header(meta: dict) -> str:
-    versions = " · ".join(f"{k} {meta[k]}" for k in ("python", "torch", "tch", "transformers",
-                                                     "compressed_tensors", "rustc") if meta.get(k))
-    return (f"# recorded {meta['date'][:10]} on {meta['device']} ({meta['cpu']}, {meta['cores']} cores)\n"
-            f"# {versions}")
-
-
 def record(name: str, script: str, args: list[str], device: str, out: Path) -> None:
     partial = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
     own_device = "--device" in args  # e.g. parity, which runs on the CPU wherever it is recorded
@@ -68,14 +61,14 @@ def record(name: str, script: str, args: list[str], device: str, out: Path) -> N
         sys.exit(f"{name}: {cmd[1]} failed with exit code {proc.returncode}; nothing recorded for it")
     meta = json.loads(partial.read_text())["meta"]
     partial.replace(out / f"{name}.json")
-    (out / f"{name}.txt").write_text(f"{header(meta)}\n$ {shlex.join(cmd)}\n{''.join(lines)}")
+    (out / f"{name}.txt").write_text(f"{records.header(meta)}\n$ {shlex.join(cmd)}\n{''.join(lines)}")
 
 
 def header_cell_text(meta: dict) -> str:
     """The notebook's first cell: the same header lines as every recorded .txt, as a Markdown code block."""
     return ("**A recorded run.** `make run` (`tools/record.py`) executed this copy of the notebook cell by cell; "
             "every output below is what its cell printed there. Run it yourself and your outputs replace them.\n\n"
-            f"```text\n{header(meta)}\n$ {meta['command']}\n```")
+            f"```text\n{records.header(meta)}\n$ {meta['command']}\n```")
 
 
 def github_origin() -> tuple[str, str] | None:
