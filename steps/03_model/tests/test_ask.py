@@ -1,29 +1,33 @@
 """ask.py, the streaming script: the shipped model's reply printed as it is made, the right code for the default
-prompt, the same sampled reply for the same seed, and its JSON record."""
+prompt, the same sampled reply for the same seed, and its JSON record. Run in this process (its `main(argv)`),
+so torch and Transformers load once."""
+import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ASK = Path(__file__).resolve().parents[1] / "ask.py"
+spec = importlib.util.spec_from_file_location("ask", Path(__file__).resolve().parents[1] / "ask.py")
+ask_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ask_script)
 
 
-def ask(*args: str, json_path: Path | None = None) -> str:
-    extra = ["--json", str(json_path)] if json_path else []
-    out = subprocess.run([sys.executable, str(ASK), "--device", "cpu", *args, *extra], capture_output=True,
-                         text=True, check=True)
-    return out.stdout
+def ask(capsys, *args: str) -> str:
+    capsys.readouterr()
+    ask_script.main(["--device", "cpu", *args])
+    return capsys.readouterr().out
 
 
-def test_the_default_prompt_gets_the_right_code(tmp_path):
-    out = ask(json_path=tmp_path / "ask.json")
+def test_the_default_prompt_gets_the_right_code(capsys, tmp_path):
+    out = ask(capsys, "--json", str(tmp_path / "ask.json"))
     assert out.rstrip().endswith("Answer: 705126"), out  # record 2 of the default prompt
     record = json.loads((tmp_path / "ask.json").read_text())
     assert record["reply"].strip() == "705126" and record["meta"]["device"] == "cpu"
 
 
-def test_sampling_with_a_seed_repeats_and_a_question_can_be_given():
-    sampled = ask("--temperature", "1.5", "--top-k", "40", "--seed", "7")
-    assert sampled == ask("--temperature", "1.5", "--top-k", "40", "--seed", "7")
+def test_sampling_with_a_seed_repeats_and_a_question_can_be_given(capsys):
+    missing = "Record 1: code 482913. Record 2: code 705126. What is the code of record 9? Answer:"
+    sampled = ask(capsys, "--temperature", "1.0", "--seed", "7", missing)
+    assert sampled == ask(capsys, "--temperature", "1.0", "--seed", "7", missing)
+    assert sampled != ask(capsys, "--temperature", "1.0", "--seed", "8", missing) or \
+        sampled != ask(capsys, "--temperature", "1.0", "--seed", "9", missing), "other seeds, other guesses"
     question = "Record 1: code 111111. Record 2: code 222222. What is the code of record 1? Answer:"
-    assert ask(question).rstrip().endswith("Answer: 111111")
+    assert ask(capsys, question).rstrip().endswith("Answer: 111111")

@@ -11,9 +11,13 @@ import time
 import pytest
 
 CHILD = r"""
-import json, sys, time
+import json, signal, sys, time
 import torch, torchtpu_rs
 from pathlib import Path
+
+# Python's own Ctrl-C handler, as an interactive session has it: a process started in the background by a
+# non-interactive shell (CI, `make test &`) inherits SIGINT ignored, and Python then installs no handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 folder, call = Path(sys.argv[1]), sys.argv[2]
 CTX = 32768

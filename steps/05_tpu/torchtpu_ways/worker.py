@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import TextConfig
 from .compiling import chunk_shapes
 from .memory import PeakMemory
 
@@ -41,7 +40,8 @@ def same_shapes_prefix(ids: list[int], model: str, ctx: int) -> list[int]:
     """The shortest prefix of `ids` whose read runs the same chunk shapes (tokens, full_slots) as reading all of
     `ids`: whole chunks up to the first one in the prompt's largest bucket, then a last chunk as long as the
     prompt's, in the same bucket as the prompt's last."""
-    chunk = TextConfig.from_file(Path(model) / "config.json").sliding_window  # not torchtpu_rs: see the docstring
+    config = json.loads((Path(model) / "config.json").read_text())  # not torchtpu_rs: see the module docstring
+    chunk = config.get("text_config", config)["sliding_window"]
     shapes = set(chunk_shapes(len(ids), chunk, ctx))
     last = len(ids) % chunk or chunk
     n = next(n for n in range(last, len(ids) + 1, chunk) if set(chunk_shapes(n, chunk, ctx)) == shapes)
