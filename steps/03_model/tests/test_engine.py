@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 import torchtpu_rs
+from torchtpu_rs import prompting
 
 CTX = 2048
 
@@ -25,8 +26,7 @@ def variant(request, tiny, tiny_multimodal):
 
 
 def window(folder) -> int:
-    config = json.loads((folder / "config.json").read_text())
-    return config.get("text_config", config)["sliding_window"]
+    return prompting.text_config(folder)["sliding_window"]
 
 
 def test_layout_follows_the_config(tiny):

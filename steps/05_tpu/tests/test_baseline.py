@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 import torchtpu_rs
+from torchtpu_rs import prompting
 from torchtpu_ways.baseline import Baseline, attention_dtype_default, decode_slots_default, decode_slots_for
 from torchtpu_ways.checkpoint import DenseTable, PackedTable
 
@@ -27,8 +28,7 @@ def variant(request, tiny, tiny_multimodal):
 
 
 def window(folder) -> int:
-    config = json.loads((folder / "config.json").read_text())
-    return config.get("text_config", config)["sliding_window"]
+    return prompting.text_config(folder)["sliding_window"]
 
 
 def greedy_no_cache(model, prompt, n):
