@@ -55,7 +55,11 @@ def targets(rows: dict) -> list[tuple[str, float | None, str, float]]:
         ("Rust eager decode / bandwidth limit", rust and rust.get("bandwidth_fraction"), ">=", 0.6),
         ("Rust peak memory / Python eager peak", ratio(rust, eager, "peak_gb"), "<=", 1.05),
         ("Rust peak memory / Python compile peak", ratio(rust, compiled, "peak_gb"), "<=", 1.05),
-    ]
+    ] + ([] if not rows.get("rust-int4", {}).get("available") else [  # step 07's way, when it ran
+        ("Rust int4 decode / Rust eager decode", ratio(rows["rust-int4"], rust, "streamed_tok_s"), ">=", 2.0),
+        ("Rust int4 decode / its bandwidth limit", rows["rust-int4"].get("bandwidth_fraction"), ">=", 0.5),
+        ("Rust int4 peak memory, GB", rows["rust-int4"].get("peak_gb"), "<=", 4.0),
+    ])
 # --8<-- [end:targets]
 
 

@@ -43,7 +43,8 @@ def one_way(args, device, weights, ids, stop) -> dict:
            "load_s": load_s, "tokens": tokens, "read_s": read_s, "decode_s": decode_s,
            "read_tok_s": len(ids) / read_s,
            "decode_tok_s": (len(tokens) - 1) / decode_s if decode_s > 0 else float("nan"),
-           "weight_bytes_per_token": engine.weight_bytes_per_token(), "engine_gb": rss_gb() - before}
+           "weight_bytes_per_token": engine.weight_bytes_per_token(), "engine_gb": rss_gb() - before,
+           "next_logits": engine.logits(ids, positions=[len(ids) - 1])[0]}  # float32 [vocab], after the prompt
     del engine
     return row
 # --8<-- [end:side]
@@ -79,6 +80,15 @@ def main() -> None:
     if len(both) == 2:
         same = prompting.same_prefix(both[0]["tokens"], both[1]["tokens"])
         print(f"same tokens: {same} of {max(len(both[0]['tokens']), len(both[1]['tokens']))}")
+        int4, bf16 = (r["next_logits"].double().log_softmax(-1) for r in both)
+        kl = (bf16.exp() * (bf16 - int4)).sum().item()
+        top5 = [r["next_logits"].topk(5).indices.tolist() for r in both]
+        print(f"next token after the prompt: KL(bf16 || int4) {kl:.3g}; top-5 int4 {top5[0]}, bf16 {top5[1]}")
+        for r, t in zip(both, top5):
+            r["top5"] = t
+        both[0]["kl_from_bf16"] = kl
+    for r in both:
+        del r["next_logits"]
     records.write_json(args.json, device, model=records.name(args.model), emb4=records.name(args.emb4),
                        dtype=args.dtype, ctx=args.ctx, cpu_capability=cpu, prompt_ids=ids, stop=stop, rows=rows)
 
