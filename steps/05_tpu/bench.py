@@ -43,7 +43,8 @@ def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
 
 # --8<-- [start:targets]
 def targets(rows: dict) -> list[tuple[str, float | None, str, float]]:
-    """(target, measured ratio, comparison, bound) — each a ratio of medians from this one run."""
+    """(target, measured value, comparison, bound) — each a ratio of medians from this one run, but for int4's
+    peak memory, a median in GB."""
     rust, eager, compiled = rows.get("rust-eager"), rows.get("python-eager"), rows.get("python-compile")
 
     def ratio(a, b, key):

@@ -21,3 +21,30 @@ def tiny_multimodal() -> Path:
 def hf_model():
     """A loader for the reference model: `hf_model(folder, dtype=torch.float32)`."""
     return transformers_model
+
+
+def _kl(p_logits, q_logits) -> float:
+    """KL(p || q) of two softmax distributions, in float64."""
+    log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
+    return float((log_p.exp() * (log_p - log_q)).sum())
+
+
+def _top5_agree(a, b, near=0.1) -> bool:
+    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
+    logits within `near` of each other (probabilities within 11 %)."""
+    ia, (vb, ib) = a.topk(5).indices, b.topk(5)
+    if set(ia.tolist()) != set(ib.tolist()):
+        return False
+    return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
+
+
+# The two comparisons test_engine and test_trained make, as fixtures: pytest's importlib mode (pyproject.toml)
+# puts no test folder on sys.path, so a helper module here could not be imported by name.
+@pytest.fixture(scope="session")
+def kl():
+    return _kl
+
+
+@pytest.fixture(scope="session")
+def top5_agree():
+    return _top5_agree

@@ -15,21 +15,6 @@ CTX = 2048
 PROMPTS = [[2, 17, 250, 33, 480, 5, 99, 301], [2] + [(7 * i + 3) % 500 + 3 for i in range(200)]]
 
 
-def kl(p_logits, q_logits) -> float:
-    """KL(p || q) of two softmax distributions, in float64."""
-    log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
-    return float((log_p.exp() * (log_p - log_q)).sum())
-
-
-def top5_agree(a, b, near=0.1) -> bool:
-    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
-    logits within `near` of each other (probabilities within 11 %)."""
-    ia, (vb, ib) = a.topk(5).indices, b.topk(5)
-    if set(ia.tolist()) != set(ib.tolist()):
-        return False
-    return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
-
-
 def cpu():
     return torch.empty(0)
 
@@ -41,7 +26,7 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
     assert torchtpu_int4.int4_kernel(cpu()) == (True, "aten::_weight_int4pack_mm_for_cpu runs on this device")
 
 
-def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny):
+def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny, kl):
     """In float32 the kernel takes a scalar loop on x86: auto keeps the dequantized weights; "int4" forces the
     kernel, with float32 scales, and its answer stays next to the dequantized float32 one."""
     auto = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32")
@@ -130,7 +115,7 @@ def variant(request, tiny, tiny_multimodal):
 
 
 # --8<-- [start:parity]
-def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model):
+def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model, kl, top5_agree):
     """On the tiny random models (near-uniform logits, the worst case for agreement): the same five next tokens;
     the next-token KL of int4 against the bf16 path of the same files under 1e-2, as is its KL against Transformers
     in float32, where the bf16 path itself sits at the same distance. (Measured: 3e-3 to 7e-3 against bf16, so

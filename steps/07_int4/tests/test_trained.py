@@ -19,20 +19,6 @@ def record_prompt(tokenizer, n: int, seed: int):
     return prompting.encode(tokenizer, f"{text} What is the code of record {asked}? Answer:"), codes[asked - 1]
 
 
-def kl(p_logits, q_logits) -> float:
-    log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
-    return float((log_p.exp() * (log_p - log_q)).sum())
-
-
-def top5_agree(a, b, near=0.1) -> bool:
-    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
-    logits within `near` of each other (probabilities within 11 %)."""
-    ia, (vb, ib) = a.topk(5).indices, b.topk(5)
-    if set(ia.tolist()) != set(ib.tolist()):
-        return False
-    return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
-
-
 def answer(engine, ids, stop):
     """One read of the prompt: the next-token logits and the greedy answer (up to 10 tokens)."""
     stream = engine.stream(ids, 10, stop=stop)
@@ -44,7 +30,7 @@ def answer(engine, ids, stop):
 # The causal layout (the multimodal one holds the same weights; step 03 tests reading it). The twins differ: emb4
 # keeps its tables and its untied head 4-bit, with F16 scales, which the int4 kernel reads as bf16.
 @pytest.mark.parametrize("twin", ["text", "emb4"])
-def test_int4_answers_as_bf16_does(twin):
+def test_int4_answers_as_bf16_does(twin, kl, top5_agree):
     from transformers import AutoTokenizer
 
     folder = checkpoints.trained("causal")
