@@ -81,24 +81,30 @@ def base(tmp_path_factory) -> Path:
     return venv
 
 
-@pytest.fixture(scope="session")
-def wheels(tmp_path_factory) -> dict[str, Path]:
+class Wheels:
     """Each step's wheel, built from the first copy that installs it. A later copy that depends on that step
     installs the wheel (the same files, so the same build) instead of compiling step 03's crate again at a new
     path: cargo keys a crate's build on its path, and that rebuild was most of this test's time."""
-    return {"folder": tmp_path_factory.mktemp("wheels")}
+
+    def __init__(self, folder: Path):
+        self.folder, self.built = folder, {}  # step -> its wheel
+
+    def install(self, venv: Path, step: str, work: Path) -> None:
+        if step not in self.built:
+            before = set(self.folder.glob("*.whl"))
+            proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
+                                   "--no-build-isolation", "-w", str(self.folder), f"./{step}"],
+                                  cwd=work, env=step_env(venv), capture_output=True, text=True)
+            assert proc.returncode == 0, (f"building {step}'s wheel failed:\n{proc.stdout[-3000:]}\n"
+                                          f"{proc.stderr[-3000:]}")
+            (self.built[step],) = set(self.folder.glob("*.whl")) - before
+        # the wheel's own requirements come from the index (pip's cache); the steps it needs are installed already
+        pip(venv, str(self.built[step]), cwd=work)
 
 
-def install(venv: Path, step: str, work: Path, wheels: dict) -> None:
-    if step not in wheels:
-        before = set(wheels["folder"].glob("*.whl"))
-        proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
-                               "--no-build-isolation", "-w", str(wheels["folder"]), f"./{step}"],
-                              cwd=work, env=step_env(venv), capture_output=True, text=True)
-        assert proc.returncode == 0, f"building {step}'s wheel failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        (wheels[step],) = set(wheels["folder"].glob("*.whl")) - before
-    # the wheel's own requirements come from the index (pip's cache); the steps it needs are installed already
-    pip(venv, str(wheels[step]), cwd=work)
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory) -> Wheels:
+    return Wheels(tmp_path_factory.mktemp("wheels"))
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -112,7 +118,7 @@ def test_a_copied_step_installs_and_passes_its_tests(step, base, wheels, tmp_pat
     link_tree(base / "bin", venv / "bin")  # the maturin binary the build backend runs
 
     for s in [*needs(step), step]:
-        install(venv, s, work, wheels)
+        wheels.install(venv, s, work)
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                           cwd=work / step, env=step_env(venv), capture_output=True, text=True)
     assert proc.returncode == 0, f"the copied {step}'s tests failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
