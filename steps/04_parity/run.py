@@ -61,7 +61,9 @@ def main() -> None:
     reference_dir = args.reference_model or args.emb4 or args.model
     clean = args.model  # what the record names: a planted fault is recorded as planted_fault, not its temp folder
     if args.plant_fault is not None:
-        args.model = plant_fault(args.model, args.plant_fault, Path(tempfile.mkdtemp(prefix="faulty-")))
+        # removed when this object is collected, at the latest when the interpreter exits: no copy is left behind
+        scratch = tempfile.TemporaryDirectory(prefix="faulty-")
+        args.model = plant_fault(args.model, args.plant_fault, Path(scratch.name))
         print(f"planted a fault in layer {args.plant_fault} of the engine's copy; Transformers reads the clean one")
 
     start = time.perf_counter()
