@@ -20,7 +20,7 @@ from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
-from torchtpu_ways.ways import NAMES, WAYS
+from torchtpu_ways.ways import NAMES, OPTIONAL, WAYS
 from transformers import AutoTokenizer
 
 DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in it too
@@ -138,7 +138,8 @@ def chart(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="e2b", choices=["e2b", "tiny"], help="which random checkpoint")
-    ap.add_argument("--ways", default=DEFAULT_WAYS, help=f"from {', '.join(WAYS)}")
+    ap.add_argument("--ways", default=DEFAULT_WAYS,
+                    help=f"from {', '.join(WAYS + OPTIONAL)} (rust-int4: step 07's, when installed)")
     ap.add_argument("--lengths", help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
     ap.add_argument("--repeats", default="3,3,1",

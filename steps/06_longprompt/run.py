@@ -11,14 +11,15 @@ import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, line, measure, verdict
 from torchtpu_rs import cli, devices, prompting, records
-from torchtpu_ways.ways import WAYS
+from torchtpu_ways.ways import OPTIONAL, WAYS
 from transformers import AutoTokenizer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_engine_args(ap)
-    ap.add_argument("--ways", default=DEFAULT_WAYS, help=f"comma-separated, from {', '.join(WAYS)}")
+    ap.add_argument("--ways", default=DEFAULT_WAYS,
+                    help=f"comma-separated, from {', '.join(WAYS + OPTIONAL)} (rust-int4: step 07's, when installed)")
     ap.add_argument("--lengths", help="prompt lengths in tokens, comma-separated (default: see above)")
     ap.add_argument("--max-new", type=int, default=12, help="tokens to generate: enough for a six-digit code")
     ap.add_argument("--seed", type=int, default=0, help="seeds the codes and the record asked about")

@@ -17,12 +17,14 @@ use crate::bridge::on;
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
 use crate::int4::{Held, Int4Linear, Linear, Weights};
-use crate::weights::{Checkpoint, Packed};
+use crate::weights::{Checkpoint, MappedTable, Packed};
 
-/// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows.
+/// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows; or left
+/// in the memory-mapped file, its rows copied out when gathered.
 enum Table {
     Dense(Tensor),
     Packed(Packed),
+    Mapped(MappedTable),
 }
 
 impl Table {
@@ -44,6 +46,7 @@ impl Table {
         let rows = match self {
             Table::Dense(t) => t.f_index_select(0, ids)?,
             Table::Packed(p) => p.rows(ids)?,
+            Table::Mapped(m) => on(&m.rows(ids)?, ids)?, // gathered on the host, moved to where the ids are
         };
         Ok(rows.f_to_kind(dtype)?)
     }
@@ -53,6 +56,16 @@ impl Table {
         match self {
             Table::Dense(t) => t.size()[1] * t.kind().elt_size_in_bytes() as i64,
             Table::Packed(p) => p.row_bytes(),
+            Table::Mapped(m) => m.row_bytes(),
+        }
+    }
+
+    /// Bytes the table holds in memory (a mapped one: none; its file pages are the kernel's).
+    fn bytes(&self) -> i64 {
+        match self {
+            Table::Dense(t) => bytes(t),
+            Table::Packed(p) => p.bytes(),
+            Table::Mapped(_) => 0,
         }
     }
 
@@ -65,8 +78,14 @@ impl Table {
                 Linear::Int4(Int4Linear::new("the tied head (embed_tokens)", p, held.dtype, like)?)
             }
             Table::Packed(p) => Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?),
+            Table::Mapped(_) => unreachable!("only the per-layer table is left mapped, and it is never a head"),
         })
     }
+}
+
+/// Bytes a tensor holds.
+fn bytes(t: &Tensor) -> i64 {
+    t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
 }
 
 fn linear(x: &Tensor, w: &Linear) -> Result<Tensor> {
@@ -375,8 +394,15 @@ impl PerLayerInputs {
     fn load(table: &Checkpoint, model: &Checkpoint, cfg: &TextConfig, held: &Held, like: &Tensor) -> Result<Self> {
         let (hidden_size, layers, size) = (cfg.hidden_size, cfg.num_hidden_layers, cfg.hidden_size_per_layer_input);
         let rows = cfg.vocab_size_per_layer_input;
+        // The largest table (4.7 GB in bf16 at E2B, 1.3 GB packed), of which a token reads one row: with int4
+        // linears it stays in the file, so the engine holds only what every token reads (see docs/steps/07_int4.md).
+        let name = "embed_tokens_per_layer";
+        let table = match held.weights {
+            Weights::Int4 => Table::Mapped(table.mapped_table(name, rows, layers * size)?),
+            Weights::Bf16 => Table::load(table, name, rows, layers * size, like)?,
+        };
         Ok(PerLayerInputs {
-            table: Table::load(table, "embed_tokens_per_layer", rows, layers * size, like)?,
+            table,
             table_scale: scalar_in((size as f64).sqrt(), held.dtype)?,
             model_projection: model.held_linear(
                 "per_layer_model_projection",
@@ -463,6 +489,12 @@ impl Cache {
             |kind| -> Result<Tensor> { Ok(on(&Tensor::f_full([slots(kind)], -1, (Kind::Int64, Device::Cpu))?, like)?) };
         let (positions, window) = (ByKind::try_new(empty)?, cfg.sliding_window);
         Ok(Cache { layers, positions, ctx, window, dtype, decode_slots: DecodeSlots::Bucket })
+    }
+
+    /// Bytes the caches hold: keys, values and the slot positions.
+    pub fn bytes(&self) -> i64 {
+        let kv: i64 = self.layers.iter().flatten().map(|kv| bytes(&kv.keys) + bytes(&kv.values)).sum();
+        kv + bytes(&self.positions.sliding) + bytes(&self.positions.full)
     }
 
     /// Every slot empty; the stale keys and values stay, masked.
@@ -648,27 +680,49 @@ impl Gemma {
         Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
     }
 
+    /// Bytes of the parts a decode step reads whole, as held: (every layer's matrices and the per-layer
+    /// projection, the head, the norms and scalars).
+    fn read_whole(&self) -> (i64, i64, i64) {
+        let norm = |n: &RmsNorm| n.weight.as_ref().map_or(0, bytes);
+        let inputs = &self.per_layer_inputs;
+        let (mut matrices, mut small) =
+            (inputs.model_projection.bytes(), norm(&inputs.projection_norm) + norm(&self.norm));
+        for l in &self.layers {
+            let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
+            let all = [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
+            matrices += all.into_iter().map(Linear::bytes).sum::<i64>();
+            let norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
+            let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
+            small += norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);
+            if let Some(kv) = &a.kv {
+                matrices += kv.k_proj.bytes() + kv.v_proj.bytes();
+                small += norm(&kv.k_norm);
+            }
+        }
+        (matrices, self.lm_head.bytes(), small)
+    }
+
     /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,
     /// norms and scalar, the per-layer projection, the final norm and head, one row of each embedding table.
     pub fn weight_bytes_per_token(&self) -> i64 {
-        let bytes = |t: &Tensor| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
-        let norm = |n: &RmsNorm| n.weight.as_ref().map_or(0, bytes);
-        let inputs = &self.per_layer_inputs;
-        let mut total = inputs.model_projection.bytes() + norm(&inputs.projection_norm);
-        total += norm(&self.norm) + self.lm_head.bytes();
-        for l in &self.layers {
-            let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
-            let matrices =
-                [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
-            total += matrices.into_iter().map(Linear::bytes).sum::<i64>() + bytes(&l.layer_scalar);
-            let norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
-            let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
-            total += norms.into_iter().chain(more).map(norm).sum::<i64>();
-            if let Some(kv) = &a.kv {
-                total += kv.k_proj.bytes() + kv.v_proj.bytes() + norm(&kv.k_norm);
-            }
-        }
-        total + self.embed_tokens.row_bytes() + inputs.table.row_bytes()
+        let (matrices, head, small) = self.read_whole();
+        matrices + head + small + self.embed_tokens.row_bytes() + self.per_layer_inputs.table.row_bytes()
+    }
+
+    /// Bytes of weights held in memory, by part. A tied head that is the embedding table itself counts once.
+    pub fn held_bytes(&self) -> Vec<(&'static str, i64)> {
+        let (matrices, head, small) = self.read_whole();
+        let shared = match (&self.lm_head, &self.embed_tokens) {
+            (Linear::Dense(w), Table::Dense(t)) => w.data_ptr() == t.data_ptr(),
+            _ => false,
+        };
+        vec![
+            ("linears", matrices),
+            ("head", if shared { 0 } else { head }),
+            ("embed_tokens", self.embed_tokens.bytes()),
+            ("embed_tokens_per_layer", self.per_layer_inputs.table.bytes()),
+            ("norms and scalars", small),
+        ]
     }
 
     /// Ids as a device tensor.

@@ -4,10 +4,12 @@
 //!
 //! Loading streams: each tensor is copied out of the mapped file, converted, moved to the device, and its
 //! file pages are handed back to the kernel before the next one, so there is never a second copy of the
-//! weights in memory.
+//! weights in memory. A table can instead stay in the file (`MappedTable`): its rows are copied out when
+//! gathered, so only the rows a prompt uses are ever in memory.
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::{Mmap, UncheckedAdvice};
 use safetensors::tensor::TensorInfo;
@@ -20,7 +22,8 @@ use crate::error::{invalid, Error, Result};
 use crate::int4::{self, Held, Int4Linear, Linear, Weights};
 
 struct Shard {
-    map: Mmap,
+    /// Shared with the tables that stay in the file, which outlive the checkpoint.
+    map: Arc<Mmap>,
     /// Where the tensor data starts: after the 8-byte length and the JSON header.
     data_start: usize,
 }
@@ -67,7 +70,7 @@ impl Checkpoint {
             for (tensor, info) in meta.tensors() {
                 tensors.insert(tensor, (shards.len(), info.clone()));
             }
-            shards.push(Shard { map, data_start: 8 + header });
+            shards.push(Shard { map: Arc::new(map), data_start: 8 + header });
         }
         let prefix = if tensors.keys().any(|k| k.starts_with("model.language_model.")) {
             "model.language_model."
@@ -93,9 +96,9 @@ impl Checkpoint {
         format!("tensor {} in {}", self.full_name(name), self.dir.display())
     }
 
-    /// The tensor `name` (without the model prefix) as a host tensor of its stored dtype, checked against
+    /// Where the tensor `name` (without the model prefix) lies: its shard, its bytes, its dtype — checked against
     /// the dtypes and shape the model expects.
-    pub fn read(&self, name: &str, dtypes: &[Dtype], shape: &[i64]) -> Result<Tensor> {
+    fn locate(&self, name: &str, dtypes: &[Dtype], shape: &[i64]) -> Result<(&Shard, usize, usize, Kind)> {
         let full = self.full_name(name);
         let (shard, info) = self.tensors.get(&full).ok_or_else(|| invalid!("missing {}", self.where_(name)))?;
         if !dtypes.contains(&info.dtype) {
@@ -107,7 +110,14 @@ impl Checkpoint {
         }
         let shard = &self.shards[*shard];
         let (start, end) = (shard.data_start + info.data_offsets.0, shard.data_start + info.data_offsets.1);
-        let host = Tensor::f_from_data_size(&shard.map[start..end], shape, kind_of(info.dtype))?;
+        Ok((shard, start, end, kind_of(info.dtype)))
+    }
+
+    /// The tensor `name` (without the model prefix) as a host tensor of its stored dtype, checked against
+    /// the dtypes and shape the model expects.
+    pub fn read(&self, name: &str, dtypes: &[Dtype], shape: &[i64]) -> Result<Tensor> {
+        let (shard, start, end, kind) = self.locate(name, dtypes, shape)?;
+        let host = Tensor::f_from_data_size(&shard.map[start..end], shape, kind)?;
         // The bytes are copied now: let the kernel drop the file pages instead of keeping a second copy.
         // SAFETY: the map is read-only and file-backed; dropped pages are simply read again if needed.
         let _ = unsafe { shard.map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start) };
@@ -123,6 +133,15 @@ impl Checkpoint {
     /// A packed int4 matrix `[rows, cols]` as stored, on the host: `weight_packed`, `weight_scale`,
     /// `weight_shape`.
     pub fn packed(&self, module: &str, rows: i64, cols: i64) -> Result<Packed> {
+        let group = self.packed_group(module, rows, cols)?;
+        let packed = self.read(&format!("{module}.weight_packed"), &[Dtype::I32], &[rows, (cols + 7) / 8])?;
+        let scale = self.read(&format!("{module}.weight_scale"), &[Dtype::BF16, Dtype::F16], &[rows, cols / group])?;
+        Packed::new(packed, scale, cols)
+    }
+
+    /// The group size of the packed matrix `module`, after checking it divides `cols` and that the stored
+    /// `weight_shape` is `[rows, cols]`.
+    fn packed_group(&self, module: &str, rows: i64, cols: i64) -> Result<i64> {
         let group = self
             .config
             .group_size
@@ -136,9 +155,36 @@ impl Checkpoint {
         if stored != [rows, cols] {
             return Err(invalid!("{}: says {stored:?}, the config implies [{rows}, {cols}]", self.where_(&shape_name)));
         }
-        let packed = self.read(&format!("{module}.weight_packed"), &[Dtype::I32], &[rows, (cols + 7) / 8])?;
-        let scale = self.read(&format!("{module}.weight_scale"), &[Dtype::BF16, Dtype::F16], &[rows, cols / group])?;
-        Packed::new(packed, scale, cols)
+        Ok(group)
+    }
+
+    /// The rows of a 2-D tensor `[rows, cols]`, left in the mapped file (see `MappedRows`).
+    fn mapped_rows(&self, name: &str, dtypes: &[Dtype], rows: i64, cols: i64) -> Result<MappedRows> {
+        let (shard, start, end, kind) = self.locate(name, dtypes, &[rows, cols])?;
+        Ok(MappedRows {
+            map: Arc::clone(&shard.map),
+            start,
+            row_bytes: (end - start) / rows.max(1) as usize,
+            cols,
+            kind,
+        })
+    }
+
+    /// An embedding table `[rows, cols]` left in the mapped file, dense or packed as stored, checked as `read`
+    /// and `packed` check it.
+    pub fn mapped_table(&self, name: &str, rows: i64, cols: i64) -> Result<MappedTable> {
+        let module = name;
+        if !self.has(&format!("{module}.weight_packed")) {
+            let dense =
+                self.mapped_rows(&format!("{module}.weight"), &[Dtype::BF16, Dtype::F16, Dtype::F32], rows, cols)?;
+            return Ok(MappedTable::Dense(dense));
+        }
+        let group = self.packed_group(module, rows, cols)?;
+        let words = self.mapped_rows(&format!("{module}.weight_packed"), &[Dtype::I32], rows, (cols + 7) / 8)?;
+        let scale =
+            self.mapped_rows(&format!("{module}.weight_scale"), &[Dtype::BF16, Dtype::F16], rows, cols / group)?;
+        let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
+        Ok(MappedTable::Packed { words, scale, shifts, cols })
     }
 
     /// A linear layer's weight `[out, in]` in `dtype` on like's device: unpacked once, on the host, if stored
@@ -201,7 +247,7 @@ impl Packed {
         Ok(Packed { packed, scale, shifts, cols: self.cols })
     }
 
-    fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
+    pub(crate) fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
         let nibbles = packed.f_unsqueeze(-1)?.f_bitwise_right_shift(shifts)?.f_bitwise_and(0xF)?;
         let q = nibbles.f_flatten(-2, -1)?.f_narrow(-1, 0, cols)?.f_sub_scalar(8)?; // offset binary -> [-8, 7]
         let groups = scale.size()[1];
@@ -217,6 +263,11 @@ impl Packed {
     /// Bytes one row takes as stored: its packed words and its scales.
     pub fn row_bytes(&self) -> i64 {
         self.packed.size()[1] * 4 + self.scale.size()[1] * self.scale.kind().elt_size_in_bytes() as i64
+    }
+
+    /// Bytes the matrix holds: its packed words and its scales.
+    pub fn bytes(&self) -> i64 {
+        self.row_bytes() * self.out_rows()
     }
 
     pub fn out_rows(&self) -> i64 {
@@ -251,6 +302,62 @@ impl Packed {
     }
 }
 // --8<-- [end:unpack]
+
+// --8<-- [start:mapped]
+/// The rows of one 2-D tensor `[rows, cols]` as they lie in the memory-mapped file: gathering copies out only
+/// the rows asked for. The file's pages stay the kernel's to keep or drop (a reread costs a disk read, never a
+/// second copy in this process).
+pub struct MappedRows {
+    map: Arc<Mmap>,
+    /// Byte offset of row 0 in the map, and bytes per row.
+    start: usize,
+    row_bytes: usize,
+    cols: i64,
+    kind: Kind,
+}
+
+impl MappedRows {
+    /// Rows `ids` (the Engine checks them against the vocabulary first) as a host tensor `[n, cols]`.
+    fn gather(&self, ids: &[i64]) -> Result<Tensor> {
+        let mut bytes = Vec::with_capacity(ids.len() * self.row_bytes);
+        for &id in ids {
+            let at = self.start + id as usize * self.row_bytes;
+            let row =
+                self.map.get(at..at + self.row_bytes).ok_or_else(|| invalid!("row {id}: past the table's end"))?;
+            bytes.extend_from_slice(row);
+        }
+        Ok(Tensor::f_from_data_size(&bytes, &[ids.len() as i64, self.cols], self.kind)?)
+    }
+}
+
+/// An embedding table left in the file: dense rows, or packed rows with their scales (unpacked when gathered,
+/// as `Packed::rows` unpacks them).
+pub enum MappedTable {
+    Dense(MappedRows),
+    Packed { words: MappedRows, scale: MappedRows, shifts: Tensor, cols: i64 },
+}
+
+impl MappedTable {
+    /// Rows `ids` (a tensor on any device) on the host, in the stored dtype (packed: the scale dtype).
+    pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        let ids = Vec::<i64>::try_from(ids.f_to_device(Device::Cpu)?)?;
+        match self {
+            MappedTable::Dense(rows) => rows.gather(&ids),
+            MappedTable::Packed { words, scale, shifts, cols } => {
+                Packed::unpack(&words.gather(&ids)?, &scale.gather(&ids)?, shifts, *cols)
+            }
+        }
+    }
+
+    /// Bytes one gathered row takes as stored.
+    pub fn row_bytes(&self) -> i64 {
+        match self {
+            MappedTable::Dense(rows) => rows.row_bytes as i64,
+            MappedTable::Packed { words, scale, .. } => (words.row_bytes + scale.row_bytes) as i64,
+        }
+    }
+}
+// --8<-- [end:mapped]
 
 fn kind_of(dtype: Dtype) -> Kind {
     match dtype {
@@ -314,5 +421,33 @@ mod tests {
         let want: Vec<f32> = [2f32; 8].into_iter().chain([0f32; 8]).collect();
         assert_eq!(Vec::<f32>::try_from(rows.view([-1]).to_kind(Kind::Float)).unwrap(), want);
         assert_eq!(table.row_bytes(), 4 + 2); // one word and one bf16 scale
+    }
+
+    /// `t`'s bytes in an anonymous map, read as a table left in a file: row 0 at offset 8, as after a header.
+    fn mapped(t: &Tensor) -> MappedRows {
+        let (rows, cols) = (t.size()[0], t.size()[1]);
+        let row_bytes = cols as usize * t.kind().elt_size_in_bytes();
+        let mut data = vec![0u8; rows as usize * row_bytes];
+        t.copy_data_u8(&mut data, t.numel());
+        let mut map = memmap2::MmapMut::map_anon(8 + data.len()).unwrap();
+        map[8..].copy_from_slice(&data);
+        MappedRows { map: Arc::new(map.make_read_only().unwrap()), start: 8, row_bytes, cols, kind: t.kind() }
+    }
+
+    #[test]
+    fn a_mapped_table_gathers_what_the_table_in_memory_gathers() {
+        let words = Tensor::from_slice(&[word([8; 8]), word([9; 8]), word([1, 2, 3, 4, 5, 6, 7, 15])]).view([3, 1]);
+        let scale = Tensor::from_slice(&[0.5f32, 1.0, 0.25]).view([3, 1]).to_kind(Kind::Half);
+        let in_memory = Packed::new(words.shallow_clone(), scale.shallow_clone(), 8).unwrap();
+        let shifts = Tensor::arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu));
+        let table = MappedTable::Packed { words: mapped(&words), scale: mapped(&scale), shifts, cols: 8 };
+        let ids = Tensor::from_slice(&[2i64, 0, 2]);
+        assert!(table.rows(&ids).unwrap().equal(&in_memory.rows(&ids).unwrap()));
+        assert_eq!(table.row_bytes(), in_memory.row_bytes());
+        let dense = Tensor::arange(12, (Kind::Float, Device::Cpu)).view([4, 3]).to_kind(Kind::BFloat16);
+        let rows = MappedTable::Dense(mapped(&dense)).rows(&Tensor::from_slice(&[3i64, 1])).unwrap();
+        assert!(rows.equal(&dense.index_select(0, &Tensor::from_slice(&[3i64, 1]))));
+        // a row past the end is an error, never a read outside the map
+        assert!(MappedTable::Dense(mapped(&dense)).rows(&Tensor::from_slice(&[4i64])).is_err());
     }
 }

@@ -61,6 +61,21 @@ def test_weights_held_4_bit_read_a_third_of_the_bytes(tiny):
     assert int4.weight_bytes_per_token() < 0.35 * bf16.weight_bytes_per_token()
 
 
+def test_memory_is_itemized_and_int4_leaves_the_per_layer_table_in_the_file(tiny):
+    """`memory()` names each part held; with int4 linears the per-layer table (the largest, one row read per
+    token) stays in the mapped file, while the bf16 path holds it packed, byte for byte as stored."""
+    int4 = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4").memory()
+    bf16 = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="bf16").memory()
+    parts = ["linears", "head", "embed_tokens", "embed_tokens_per_layer", "norms and scalars", "kv caches"]
+    assert list(int4) == list(bf16) == parts
+    stored = load_file(tiny / "emb4" / "model.safetensors")
+    table = sum(t.numel() * t.element_size() for name, t in stored.items()
+                if name.endswith(("embed_tokens_per_layer.weight_packed", "embed_tokens_per_layer.weight_scale")))
+    assert int4["embed_tokens_per_layer"] == 0 and bf16["embed_tokens_per_layer"] == table
+    assert 0 < int4["linears"] < 0.35 * bf16["linears"]
+    assert int4["kv caches"] == bf16["kv caches"] > 0
+
+
 def regroup(folder, group):
     """The checkpoint repacked with another group size (compressed-tensors' scheme, the project's packer)."""
     tensors = load_file(folder / "model.safetensors")

@@ -100,6 +100,9 @@ class Engine:
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as held on the device (int4: nibbles, scales, zero points)."""
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: linears, head, embed_tokens, embed_tokens_per_layer (0 when left in the file, as
+        with int4 linears), norms and scalars, kv caches. The rest of the process is the runtime."""
 
 def layout_for(config_json: str | PathLike[str], ctx: int) -> Layout: ...
 def filtered_probs(

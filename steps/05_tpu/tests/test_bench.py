@@ -1,0 +1,46 @@
+"""`make bench`'s arithmetic for step 05: the keys and values a decode step reads, the memory line, the targets.
+(The benchmark itself runs at E2B size only: `make bench`.)"""
+import importlib.util
+from pathlib import Path
+
+from torchtpu_ways.checkpoint import TextConfig
+
+BENCH = Path(__file__).resolve().parents[1] / "bench.py"
+spec = importlib.util.spec_from_file_location("bench", BENCH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def row(decode_slots="bucket", attention_dtype="bfloat16", prompt_len=19, steps=4):
+    return {"way": "rust-int4", "torch": "2.13.0", "prompt_len": prompt_len, "tokens": list(range(steps + 1)),
+            "decode_slots": decode_slots, "attention_dtype": attention_dtype}
+
+
+def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(tiny):
+    cfg = TextConfig.from_file(tiny / "text" / "config.json")
+    ring, ctx = 2 * cfg.sliding_window, 2048
+    # all: every step reads the whole of each cache it attends over, KV-shared layers included
+    whole = sum(2 * cfg.kv_heads_of(i) * (ctx if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
+                for i in range(cfg.num_hidden_layers))
+    assert bench.kv_bytes_per_token(cfg, ctx, row("all")) == whole
+    # bucket: a short prompt's steps see one chunk of each full cache
+    first = sum(2 * cfg.kv_heads_of(i) * (cfg.sliding_window if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
+                for i in range(cfg.num_hidden_layers))
+    assert bench.kv_bytes_per_token(cfg, ctx, row("bucket", prompt_len=3)) == first
+    assert bench.kv_bytes_per_token(cfg, ctx, row("bucket", "float32", prompt_len=3)) == 2 * first
+
+
+def test_the_memory_line_names_each_part_and_the_runtime():
+    line = bench.memory_line({**row(), "peak_gb": 3.0, "memory": {"linears": 1.2e9, "kv caches": 0.3e9}})
+    assert line == "Rust int4, torch 2.13 holds (GB): linears 1.20, kv caches 0.30; the rest of its 3.00 GB peak " \
+                   "(1.50) is the runtime"
+
+
+def test_int4_targets_appear_only_when_its_way_ran():
+    eager = {"streamed_tok_s": 2.0, "peak_gb": 7.0, "bandwidth_fraction": 0.4, "available": True}
+    int4 = {"streamed_tok_s": 6.0, "peak_gb": 3.0, "bandwidth_fraction": 0.5, "available": True}
+    assert not any("int4" in name for name, *_ in bench.targets({"rust-eager": eager}, {}))
+    checks = {name: value for name, value, *_ in bench.targets({"rust-eager": eager, "rust-int4": int4},
+                                                               {"rust-eager": eager, "rust-int4": int4})}
+    assert checks["Rust int4 decode / Rust eager decode"] == 3.0 and checks["  the same at the short context"] == 3.0
+    assert checks["Rust int4 peak memory, GB"] == 3.0
