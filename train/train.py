@@ -82,7 +82,7 @@ def save_atomic(obj, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "train" / "run")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=3600)
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per batch")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps")
