@@ -7,9 +7,7 @@ import json
 import pytest
 import torch
 import torchtpu_rs
-from torchtpu_rs.checkpoints import specs, with_ct
-from torchtpu_rs.checkpoints.random_weights import random_tensor
-from torchtpu_rs.checkpoints.tokenizer import write_tokenizer
+from torchtpu_rs.checkpoints import copy_edited, specs, variant
 
 CTX = 256
 IDS = [2] + [(7 * i + 3) % 500 + 3 for i in range(60)]  # crosses the 16-token window several times
@@ -18,16 +16,6 @@ IDS = [2] + [(7 * i + 3) % 500 + 3 for i in range(60)]  # crosses the 16-token w
 def teacher_forced(model, ids):
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
-
-
-def write(folder, spec, emb4=False, edit=None):
-    with_ct.write_twin(folder, spec, "causal", emb4, lambda name, shape: random_tensor(name, shape, 3))
-    write_tokenizer(folder)
-    if edit:
-        config = json.loads((folder / "config.json").read_text())
-        edit(config)
-        (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def check(folder, hf_model, emb4=None, dtype="float32", tol=1e-3):
@@ -40,7 +28,7 @@ def check(folder, hf_model, emb4=None, dtype="float32", tol=1e-3):
 
 def test_num_global_key_value_heads_is_read_only_with_attention_k_eq_v(tmp_path, hf_model):
     spec = dict(specs.TINY, num_global_key_value_heads=2)  # ignored: attention_k_eq_v is false
-    folder = write(tmp_path / "m", spec)
+    folder = variant(tmp_path / "m", spec)
     assert json.loads((folder / "config.json").read_text())["num_global_key_value_heads"] == 2
     check(folder, hf_model)
 
@@ -48,9 +36,9 @@ def test_num_global_key_value_heads_is_read_only_with_attention_k_eq_v(tmp_path,
 def test_proportional_rope_factor_divides_the_frequencies(tmp_path, hf_model):
     rope = copy.deepcopy(specs.TINY["rope_parameters"])
     rope["full_attention"]["factor"] = 8.0
-    folder = write(tmp_path / "m", dict(specs.TINY, rope_parameters=rope))
+    folder = variant(tmp_path / "m", dict(specs.TINY, rope_parameters=rope))
     ours = check(folder, hf_model)
-    plain = write(tmp_path / "plain", specs.TINY)
+    plain = variant(tmp_path / "plain", specs.TINY)
     unscaled = torchtpu_rs.Engine(plain, None, torch.zeros(1), CTX, "float32").logits(IDS)
     assert (ours - unscaled).abs().max().item() > 1e-2, "the factor must change something on this config"
 
@@ -59,18 +47,14 @@ def test_a_tied_config_uses_the_embeddings_even_when_lm_head_ships(tmp_path, hf_
     # an untied checkpoint with its own (random) lm_head, then marked tied: Transformers ties, ignoring the file's
     def tie(config):
         config["tie_word_embeddings"] = True
-    folder = write(tmp_path / "m", specs.TINY, emb4=True, edit=tie)
+    folder = variant(tmp_path / "m", specs.TINY, emb4=True, edit=tie)
     check(folder, hf_model)
 
 
 def test_an_untied_config_without_lm_head_is_an_error(tmp_path, tiny):
-    import shutil
-
-    folder = tmp_path / "m"
-    shutil.copytree(tiny / "text", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["tie_word_embeddings"] = False
-    (folder / "config.json").write_text(json.dumps(config))
+    def untie(config):
+        config["tie_word_embeddings"] = False
+    folder = copy_edited(tiny / "text", tmp_path / "m", untie)
     with pytest.raises(ValueError, match="tie_word_embeddings is false but no lm_head"):
         torchtpu_rs.Engine(folder, None, torch.zeros(1), CTX, "float32")
 

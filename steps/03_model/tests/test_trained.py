@@ -1,6 +1,5 @@
 """The model step 03 ships: trained here on the records task, exported in both twins and both layouts. It loads
 everywhere and answers record questions right, through Transformers and through the engine."""
-import random
 
 import pytest
 import torch
@@ -12,19 +11,10 @@ from transformers import AutoTokenizer
 RECORDS = (1, 3, 9, 17, 30, 48)  # context sizes inside the training range (1..48 records)
 
 
-def record_prompt(tokenizer, n: int, seed: int):
-    """Step 06's format: n records with distinct six-digit codes, a question about one; returns ids and code."""
-    rng = random.Random(seed)
-    codes = [str(c) for c in rng.sample(range(100000, 1000000), n)]
-    asked = rng.randint(1, n)
-    text = " ".join(f"Record {i}: code {c}." for i, c in enumerate(codes, 1))
-    return prompting.encode(tokenizer, f"{text} What is the code of record {asked}? Answer:"), codes[asked - 1]
-
-
 @pytest.fixture(scope="module")
 def prompts():
     tokenizer = AutoTokenizer.from_pretrained(checkpoints.trained() / "text")
-    return tokenizer, [record_prompt(tokenizer, n, seed=100 + n) for n in RECORDS]
+    return tokenizer, [prompting.record_question(tokenizer, n, seed=100 + n) for n in RECORDS]
 
 
 @pytest.mark.parametrize("layout", checkpoints.LAYOUTS)

@@ -1,9 +1,13 @@
 """Peak memory of one way's process, on the device it runs on, in GB (10^9 bytes).
 
 TPU: the libtpu HBM metric, polled (tpu.py). CUDA: the caching allocator's high-water mark (the Rust engine
-allocates through the same libtorch, so it counts too). CPU: the process's peak resident set size.
+allocates through the same libtorch, so it counts too). CPU: the process's peak resident set size — read from
+`VmHWM` in /proc/self/status, the high-water mark of this process's own memory. Not `getrusage`'s `ru_maxrss`:
+Linux carries the parent's high-water mark into a child that subprocess starts (vfork, then exec), so every way
+would read at least the benchmark's own peak (its 4 GiB bandwidth buffers).
 """
 import resource
+from pathlib import Path
 
 import torch
 
@@ -29,5 +33,14 @@ class PeakMemory:
         elif self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+            peak = cpu_peak_bytes()
         return peak / 1e9
+
+
+def cpu_peak_bytes() -> int:
+    """This process's peak resident set size: VmHWM on Linux; elsewhere getrusage's maximum (macOS: in bytes)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

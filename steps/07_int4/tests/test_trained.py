@@ -1,22 +1,12 @@
 """The default model of steps 03-06 (trained on the records task): int4 against the bf16 path of the same files,
 on record prompts — the same five next tokens, KL <= 1e-3, the same greedy answer, and the right one — and against
 Transformers in float32, KL <= 1e-2."""
-import random
 
 import pytest
 import torch
 import torchtpu_int4
 from torchtpu_rs import checkpoints, prompting
 from torchtpu_rs.reference import transformers_model
-
-
-def record_prompt(tokenizer, n: int, seed: int):
-    """Step 06's format: n records with distinct six-digit codes, a question about one; returns ids and code."""
-    rng = random.Random(seed)
-    codes = [str(c) for c in rng.sample(range(100000, 1000000), n)]
-    asked = rng.randint(1, n)
-    text = " ".join(f"Record {i}: code {c}." for i, c in enumerate(codes, 1))
-    return prompting.encode(tokenizer, f"{text} What is the code of record {asked}? Answer:"), codes[asked - 1]
 
 
 def answer(engine, ids, stop):
@@ -44,7 +34,7 @@ def test_int4_answers_as_bf16_does(twin, kl, top5_agree):
     # 48 records: the longest contexts the model was trained on, about 700 tokens; in the emb4 twin the 4th and
     # 5th tokens swap at 3 and 17 records (a near-tie 0.03 and 0.014 apart, each e^-12.5 as likely as the answer)
     for n in (1, 3, 17, 48):
-        ids, code = record_prompt(tokenizer, n, seed=100 + n)
+        ids, code = prompting.record_question(tokenizer, n, seed=100 + n)
         a, tokens = answer(int4, ids, stop)
         b, want_tokens = answer(bf16, ids, stop)
         with torch.no_grad():

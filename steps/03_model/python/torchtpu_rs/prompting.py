@@ -1,5 +1,6 @@
 """Prompts in, answers out, the same way in every step: ids as the model expects them, and where an answer ends."""
 import json
+import random
 from pathlib import Path
 
 
@@ -45,3 +46,13 @@ def until_stop(tokens: list[int], stop: list[int]) -> list[int]:
 def same_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens two sequences share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def record_question(tokenizer, n: int, seed: int) -> tuple[list[int], str]:
+    """A question in the default model's format (step 06's, unsized): n records with distinct six-digit codes, then
+    a question about one of them, all drawn from `seed`. Returns the prompt ids and the right answer's code."""
+    rng = random.Random(seed)
+    codes = [str(c) for c in rng.sample(range(100000, 1000000), n)]
+    asked = rng.randint(1, n)
+    text = " ".join(f"Record {i}: code {c}." for i, c in enumerate(codes, 1))
+    return encode(tokenizer, f"{text} What is the code of record {asked}? Answer:"), codes[asked - 1]

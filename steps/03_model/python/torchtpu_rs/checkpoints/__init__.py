@@ -11,8 +11,9 @@ twins as `text/` and `emb4/`, each with the project's small tokenizer:
   (`streamed.py`, `packing.py`), for benchmarks.
 
 One concern a module: `specs` (the shapes), `random_weights`, `packing`, `with_ct`, `streamed`, `tokenizer`,
-`cache`, `trained_model`. Transformers and compressed-tensors are imported inside the functions that need them: a cache
-hit costs no import of either (seconds).
+`cache`, `trained_model`, `variants` (a config with one thing changed, for tests). Transformers and
+compressed-tensors are imported inside the functions that need them: a cache hit costs no import of either
+(seconds).
 """
 from .cache import GENERATOR_VERSION, cache_path, cache_root, cached, e2b, make, tiny
 from .packing import GROUP, compress_with_ct, pack_w4, quantization_config
@@ -21,7 +22,9 @@ from .specs import E2B, LAYOUTS, SPECS, TINY, text_config
 from .streamed import SHARD_BYTES, write_random
 from .tokenizer import write_tokenizer
 from .trained_model import export, trained
+from .variants import copy_edited, edit_config, variant
 
 __all__ = ["trained", "tiny", "e2b", "make", "cached", "cache_path", "cache_root", "export", "write_random",
            "write_tokenizer", "pack_w4", "compress_with_ct", "quantization_config", "random_tensor", "text_config",
-           "TINY", "E2B", "SPECS", "LAYOUTS", "GROUP", "SHARD_BYTES", "GENERATOR_VERSION"]
+           "variant", "edit_config", "copy_edited", "TINY", "E2B", "SPECS", "LAYOUTS", "GROUP", "SHARD_BYTES",
+           "GENERATOR_VERSION"]
