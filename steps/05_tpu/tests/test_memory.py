@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import torch
-
 from torchtpu_ways.memory import cpu_peak_bytes
 
 CHILD = "from torchtpu_ways.memory import cpu_peak_bytes; print(cpu_peak_bytes())"
