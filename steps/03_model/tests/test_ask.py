@@ -24,10 +24,12 @@ def test_the_default_prompt_gets_the_right_code(capsys, tmp_path):
 
 
 def test_sampling_with_a_seed_repeats_and_a_question_can_be_given(capsys):
+    # temperature 2: on a record the prompt lacks the trained model is sure of its guess at temperature 1 (every
+    # seed tried gave the greedy reply), so the draws are flattened until other seeds can make other guesses
     missing = "Record 1: code 482913. Record 2: code 705126. What is the code of record 9? Answer:"
-    sampled = ask(capsys, "--temperature", "1.0", "--seed", "7", missing)
-    assert sampled == ask(capsys, "--temperature", "1.0", "--seed", "7", missing)
-    assert sampled != ask(capsys, "--temperature", "1.0", "--seed", "8", missing) or \
-        sampled != ask(capsys, "--temperature", "1.0", "--seed", "9", missing), "other seeds, other guesses"
+    sampled = ask(capsys, "--temperature", "2.0", "--seed", "7", missing)
+    assert sampled == ask(capsys, "--temperature", "2.0", "--seed", "7", missing)
+    assert sampled != ask(capsys, "--temperature", "2.0", "--seed", "8", missing) or \
+        sampled != ask(capsys, "--temperature", "2.0", "--seed", "9", missing), "other seeds, other guesses"
     question = "Record 1: code 111111. Record 2: code 222222. What is the code of record 1? Answer:"
     assert ask(capsys, question).rstrip().endswith("Answer: 111111")
