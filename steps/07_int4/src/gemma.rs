@@ -78,7 +78,8 @@ impl Table {
                 Linear::Int4(Int4Linear::new("the tied head (embed_tokens)", p, held.dtype, like)?)
             }
             Table::Packed(p) => Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?),
-            Table::Mapped(_) => unreachable!("only the per-layer table is left mapped, and it is never a head"),
+            // only the per-layer table is left in the file, and it is never a head: an error, should that change
+            Table::Mapped(_) => return Err(invalid!("a table left in the file cannot be the tied head")),
         })
     }
 }
