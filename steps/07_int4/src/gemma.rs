@@ -588,6 +588,16 @@ pub struct Generation {
     pub decode_s: f64,
 }
 
+/// Bytes of the weights a decode step reads whole (not a row of a table), as held: what `held_bytes` and
+/// `weight_bytes_per_token` are made of.
+struct ReadWhole {
+    /// every layer's matrices and the per-layer projection
+    linears: i64,
+    head: i64,
+    /// the norms' weights and the layer scalars
+    norms: i64,
+}
+
 pub struct Gemma {
     pub cfg: TextConfig,
     /// The compute dtype; weights are what the checkpoint holds, cast to it.
@@ -681,48 +691,51 @@ impl Gemma {
         Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
     }
 
-    /// Bytes of the parts a decode step reads whole, as held: (every layer's matrices and the per-layer
-    /// projection, the head, the norms and scalars).
-    fn read_whole(&self) -> (i64, i64, i64) {
+    /// Bytes of the parts a decode step reads whole, as held.
+    fn read_whole(&self) -> ReadWhole {
         let norm = |n: &RmsNorm| n.weight.as_ref().map_or(0, bytes);
         let inputs = &self.per_layer_inputs;
-        let (mut matrices, mut small) =
-            (inputs.model_projection.bytes(), norm(&inputs.projection_norm) + norm(&self.norm));
+        let mut linears = inputs.model_projection.bytes();
+        let mut norms = norm(&inputs.projection_norm) + norm(&self.norm);
         for l in &self.layers {
             let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
             let all = [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
-            matrices += all.into_iter().map(Linear::bytes).sum::<i64>();
-            let norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
+            linears += all.into_iter().map(Linear::bytes).sum::<i64>();
+            let layer_norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
             let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
-            small += norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);
+            norms += layer_norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);
             if let Some(kv) = &a.kv {
-                matrices += kv.k_proj.bytes() + kv.v_proj.bytes();
-                small += norm(&kv.k_norm);
+                linears += kv.k_proj.bytes() + kv.v_proj.bytes();
+                norms += norm(&kv.k_norm);
             }
         }
-        (matrices, self.lm_head.bytes(), small)
+        ReadWhole { linears, head: self.lm_head.bytes(), norms }
     }
 
     /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,
     /// norms and scalar, the per-layer projection, the final norm and head, one row of each embedding table.
     pub fn weight_bytes_per_token(&self) -> i64 {
-        let (matrices, head, small) = self.read_whole();
-        matrices + head + small + self.embed_tokens.row_bytes() + self.per_layer_inputs.table.row_bytes()
+        let whole = self.read_whole();
+        whole.linears
+            + whole.head
+            + whole.norms
+            + self.embed_tokens.row_bytes()
+            + self.per_layer_inputs.table.row_bytes()
     }
 
     /// Bytes of weights held in memory, by part. A tied head that is the embedding table itself counts once.
     pub fn held_bytes(&self) -> Vec<(&'static str, i64)> {
-        let (matrices, head, small) = self.read_whole();
+        let whole = self.read_whole();
         let shared = match (&self.lm_head, &self.embed_tokens) {
             (Linear::Dense(w), Table::Dense(t)) => w.data_ptr() == t.data_ptr(),
             _ => false,
         };
         vec![
-            ("linears", matrices),
-            ("head", if shared { 0 } else { head }),
+            ("linears", whole.linears),
+            ("head", if shared { 0 } else { whole.head }),
             ("embed_tokens", self.embed_tokens.bytes()),
             ("embed_tokens_per_layer", self.per_layer_inputs.table.bytes()),
-            ("norms and scalars", small),
+            ("norms and scalars", whole.norms),
         ]
     }
 
