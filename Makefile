@@ -64,9 +64,9 @@ test: setup
 bench: setup
 	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
 
-# The default model, trained again from scratch (about an hour on 2 cores; resumes if interrupted), exported,
-# measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped files and
-# their records in docs/runs/train/.
+# The default model, trained again from scratch (about an hour and a half on 2 cores; resumes if interrupted),
+# exported, measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped
+# files and their records in docs/runs/train/.
 TRAINED := .cache/train
 train: setup
 	python train/train.py --out $(TRAINED)/run

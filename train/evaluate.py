@@ -41,8 +41,10 @@ def copies(enc, count=HELD_OUT, span=5, base=3 * SEED_BASE):
 
 
 @torch.no_grad()
-def right(logits_fn, examples, batch=16) -> list[bool]:
-    """Whether greedy decoding after each prompt gives exactly its answer (teacher forcing, see the docstring)."""
+def verdicts(logits_fn, examples, batch=16) -> list[str]:
+    """How greedy decoding after each prompt compares with its answer (teacher forcing, see the docstring):
+    "right", or what its first wrong token does — "stopped early" (an <eos> inside the answer), "ran on" (no
+    <eos> where the answer ends; every answer ends with one) or "wrong token"."""
     out = []
     for i in range(0, len(examples), batch):
         chunk = examples[i:i + batch]
@@ -53,8 +55,17 @@ def right(logits_fn, examples, batch=16) -> list[bool]:
         argmax = logits_fn(ids).argmax(-1)
         for j, e in enumerate(chunk):
             start = len(e.prompt) - 1  # the logits at position t predict token t + 1
-            out.append(argmax[j, start:start + len(e.answer)].tolist() == e.answer)
+            got = argmax[j, start:start + len(e.answer)].tolist()
+            at = next((k for k, (g, want) in enumerate(zip(got, e.answer)) if g != want), None)
+            eos = e.answer[-1]
+            out.append("right" if at is None else "stopped early" if got[at] == eos
+                       else "ran on" if e.answer[at] == eos else "wrong token")
     return out
+
+
+def right(logits_fn, examples, batch=16) -> list[bool]:
+    """Whether greedy decoding after each prompt gives exactly its answer."""
+    return [v == "right" for v in verdicts(logits_fn, examples, batch)]
 
 
 def hf_logits(model):
@@ -129,10 +140,12 @@ def main(argv=None) -> None:
         for twin in ("text", "emb4"):
             models[f"W4A16 {layout} {twin}"] = transformers_model(a.export / layout / twin)
 
-    result = {"held_out": {}, "copy": {}, "by_length": {}}
+    result = {"held_out": {}, "copy": {}, "copy_misses": {}, "by_length": {}}
     for name, model in tqdm(models.items(), desc="Transformers", unit="model"):
         result["held_out"][name] = fraction(right(hf_logits(model), tests))
-        result["copy"][name] = fraction(right(hf_logits(model), long_answers))
+        copied = verdicts(hf_logits(model), long_answers)
+        result["copy"][name] = fraction([v == "right" for v in copied])
+        result["copy_misses"][name] = {kind: copied.count(kind) for kind in ("stopped early", "ran on", "wrong token")}
         if "multimodal" not in name:  # the same weights as causal (tested): the sweep once per twin
             result["by_length"][name] = [
                 {"records": n, "prompt_tokens": round(sum(len(e.prompt) for e in ex) / len(ex)),
@@ -151,7 +164,9 @@ def main(argv=None) -> None:
     print(f"$ {records.meta('cpu')['command']}")
     print(f"held-out record prompts ({HELD_OUT}, 1-{data.MAX_RECORDS} records): right answers")
     for name in models:
-        print(f"  {name:<24} lookup {result['held_out'][name]:7.1%}   copy 5 records {result['copy'][name]:7.1%}")
+        misses = ", ".join(f"{n} {kind}" for kind, n in result["copy_misses"][name].items())
+        print(f"  {name:<24} lookup {result['held_out'][name]:7.1%}   copy 5 records {result['copy'][name]:7.1%}"
+              f"  (misses: {misses})")
     print("by length (records: accuracy)")
     for name, rows in result["by_length"].items():
         print(f"  {name:<24} " + " ".join(f"{r['records']}:{r['accuracy']:.2f}" for r in rows))

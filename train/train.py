@@ -1,6 +1,6 @@
 """Train the walkthrough's default model: a small Gemma 4 that answers questions about numbered records.
 
-    python train/train.py                      # about an hour on 2 CPU cores; resumes if interrupted
+    python train/train.py                      # about 75 minutes on 2 CPU cores; resumes if interrupted
     python train/train.py --steps 40 --out /tmp/smoke    # a smoke run
 
 Transformers' own Gemma4ForCausalLM (the TINY shape of torchtpu_rs.checkpoints: every structural feature of
@@ -88,6 +88,9 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps")
     ap.add_argument("--advance", type=float, default=0.9,
                     help="add records to the contexts once this fraction of recent answers is exactly right")
+    ap.add_argument("--lookups", type=int, default=6, help="lookup questions per training sequence")
+    ap.add_argument("--copies", type=int, default=3,
+                    help="copy questions per training sequence (each ends in one decision: stop after record B)")
     ap.add_argument("--qat", type=float, default=0.8, help="fraction of the run after which weights are 4-bit")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -102,6 +105,7 @@ def main(argv=None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
     qat_from = int(a.qat * a.steps)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k not in ("out", "save_every")}
+    settings["copy_span"] = list(data.COPY_SPAN)  # the data's shape is part of the recipe: a resume checks it too
     start, log, switches, cap, recent = 0, [], [], data.FIRST_CAP, []
     ckpt = a.out / "ckpt.pt"
     if ckpt.exists():
@@ -123,7 +127,7 @@ def main(argv=None) -> None:
         # the tables are 4-bit only in the emb4 twin: train through both, alternating
         for fq in switches:
             fq.enabled = step % 2 == 1
-        ids, labels = data.batch(enc, a.seed, step, cap, a.tokens)
+        ids, labels = data.batch(enc, a.seed, step, cap, a.tokens, a.lookups, a.copies)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a.steps, a.lr, a.warmup)
         t0 = time.perf_counter()
