@@ -18,6 +18,7 @@ import torch
 
 IGNORE = -100  # the label of a token that is not a target (PyTorch's cross-entropy ignore_index)
 MAX_RECORDS = 48  # the most records a training context holds (about 700 tokens)
+LOOKUPS, COPIES = 6, 3  # questions of each kind per training sequence (train.py's --lookups, --copies)
 COPY_SPAN = (2, 8)  # a copy question asks for 2..8 consecutive records (a span of up to ~105 tokens): step 05's
 # five records sit inside the range, not at its edge
 
@@ -139,7 +140,8 @@ def next_cap(cap: int, recent: list[float], advance: float) -> tuple[int, list[f
     return cap, recent
 
 
-def batch(enc: Encoder, seed: int, step: int, cap: int, tokens: int, lookups: int = 6, copies: int = 3):
+def batch(enc: Encoder, seed: int, step: int, cap: int, tokens: int, lookups: int = LOOKUPS,
+          copies: int = COPIES):
     """The batch of training step `step`: one record count n for the whole batch (uniform in 1..cap, so short
     contexts keep being seen; half the batches from the upper half, so the longest contexts get their share), as
     many sequences as fit in `tokens`, padded at the end (no mask needed: the

@@ -88,8 +88,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps")
     ap.add_argument("--advance", type=float, default=0.9,
                     help="add records to the contexts once this fraction of recent answers is exactly right")
-    ap.add_argument("--lookups", type=int, default=6, help="lookup questions per training sequence")
-    ap.add_argument("--copies", type=int, default=3,
+    ap.add_argument("--lookups", type=int, default=data.LOOKUPS, help="lookup questions per training sequence")
+    ap.add_argument("--copies", type=int, default=data.COPIES,
                     help="copy questions per training sequence (each ends in one decision: stop after record B)")
     ap.add_argument("--qat", type=float, default=0.8, help="fraction of the run after which weights are 4-bit")
     ap.add_argument("--seed", type=int, default=0)
