@@ -6,6 +6,8 @@ SHELL := /bin/bash
 
 PYTHON ?= python3
 TORCH := 2.13.0
+# uv installs the pinned packages: it hard-links them from its cache (torch: a second, where pip takes a minute)
+UV := 0.13.9
 DEVICE ?= auto
 
 # Caches live outside the clone so that a fresh clone (CI) reuses earlier work. torch-sys does not rebuild
@@ -30,11 +32,11 @@ STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build
 .PHONY: run test bench train setup clean distclean
 setup: .venv/.steps
 
-.venv/.deps: pyproject.toml
+.venv/.deps: pyproject.toml Makefile
 	@echo "== the walkthrough environment (.venv): pinned packages from pyproject.toml"
 	test -x .venv/bin/python || $(PYTHON) -m venv .venv
-	pip install --quiet --upgrade pip
-	pip install ".[docs,test]"
+	pip install --quiet --upgrade pip uv==$(UV)
+	uv pip install ".[docs,test]"
 	touch $@
 
 # Each step is its own package; Rust steps build with maturin into the shared CARGO_TARGET_DIR.

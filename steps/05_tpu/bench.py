@@ -35,6 +35,35 @@ def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
 # --8<-- [end:bandwidth]
 
 
+# --8<-- [start:kernels]
+def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 5, calls: int = 50) -> dict:
+    """One E2B MLP mat-vec ([6144 × 1536], a bf16 activation row) called again and again, best of `tries`: the
+    bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel, the one step
+    07 calls) over its time. The weights stay warm in the CPU's caches, so this is the kernel's best case: a way
+    whose weights come from memory reads them no faster than this, however fast the memory is."""
+    x = torch.randn(1, k, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    nibbles = torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
+    scale_zero = torch.stack([torch.rand(k // group, n), torch.zeros(k // group, n)], -1).to(torch.bfloat16)
+    kernels = {
+        "bf16": (lambda: torch.nn.functional.linear(x, weight), weight.nbytes),
+        "int4": (lambda: torch._weight_int4pack_mm_for_cpu(x, nibbles, group, scale_zero),
+                 nibbles.nbytes + scale_zero.nbytes),
+    }
+    rates = {}
+    for name, (call, nbytes) in kernels.items():
+        call()
+        best = float("inf")
+        for _ in range(tries):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            best = min(best, (time.perf_counter() - start) / calls)
+        rates[name] = nbytes / best / 1e9
+    return rates
+# --8<-- [end:kernels]
+
+
 def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
     """What the caches hold: keys and values of every layer that owns a cache (KV-shared layers read another's),
     ctx slots in a full-attention ring, 2 · window in a sliding one."""
@@ -139,6 +168,10 @@ def main() -> None:
     print(f"E2B-shaped checkpoint (random weights), {len(ids)}-token prompt, {args.max_new} greedy tokens, "
           f"{args.dtype}, ctx {ctx}, on {device}; median of {args.repeat} fresh processes per way")
     print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s", flush=True)
+    kernels = matvec_gb_s()
+    print("one [6144 × 1536] mat-vec, warm in cache (best of 5 × 50 calls): "
+          + ", ".join(f"{name} {rate:.1f} GB/s ({rate / bandwidth:.2f} of the copy)" for name, rate in kernels.items()),
+          flush=True)
 
     cfg = TextConfig.from_file(model / "config.json")
 
@@ -179,6 +212,7 @@ def main() -> None:
         records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
                            dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
+                           matvec_gb_s=kernels,
                            kv_cache_gb=kv_cache_gb(model, ctx, args.dtype), rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")

@@ -3,10 +3,10 @@ own files into a fresh virtualenv, and its tests run there. A step that secretly
 imports a sibling by path, or forgets a dependency in its pyproject.toml fails here.
 
 The virtualenv gets only what no pyproject can declare: the build tools used without build isolation (maturin,
-setuptools), pytest, and torch (torch-sys needs it while compiling; every step pins it). Those are installed once,
-into a base virtualenv, and each step's virtualenv gets hard links to their files: a torch install takes a minute
-and 5 GB, a link takes a second and no space. Everything else comes from each step's own `dependencies`.
-Downloads come from pip's cache and Rust builds from the shared cargo target dir, as in `make`.
+setuptools), pytest, and torch (torch-sys needs it while compiling; every step pins it). Everything else comes
+from each step's own `dependencies`. uv installs them: it hard-links files from its cache, so a torch install
+takes a second and no space where pip takes a minute and 5 GB — seven virtualenvs were a third of this test's
+time. Rust builds come from the shared cargo target dir, as in `make`.
 """
 import os
 import shutil
@@ -21,6 +21,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = sorted(p.parent.name for p in ROOT.glob("steps/*/pyproject.toml"))
+# make's setup installs uv into .venv, beside the python running this test
+UV = shutil.which("uv", path=os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")]))
 
 
 def project(step: str) -> dict:
@@ -42,25 +44,9 @@ def torch_pin(step: str) -> str:
     return next(d for d in project(step)["dependencies"] if d.startswith("torch=="))
 
 
-def site_packages(venv: Path) -> Path:
-    return venv / Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Hard-link every file under src into dst, leaving what dst already has (its python, its activate script)."""
-    for path in src.rglob("*"):
-        target = dst / path.relative_to(src)
-        if path.is_dir() and not path.is_symlink():
-            target.mkdir(exist_ok=True)
-        elif not target.exists() and not target.is_symlink():
-            os.link(path, target, follow_symlinks=False)
-
-
-def pip(venv: Path, *args: str, cwd: Path) -> None:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *args], cwd=cwd,
-                          env=step_env(venv), capture_output=True, text=True)
-    assert proc.returncode == 0, (f"pip install {' '.join(args)} failed in {cwd}:\n"
-                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+def uv(*args: str, cwd: Path, env: dict) -> None:
+    proc = subprocess.run([UV, *args, "--quiet"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"uv {' '.join(args)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def step_env(venv: Path) -> dict:
@@ -68,17 +54,6 @@ def step_env(venv: Path) -> dict:
            "LIBTORCH_USE_PYTORCH": "1", "PYTHONPATH": ""}
     env.pop("TORCHTPU_RS_CACHE", None)
     return env
-
-
-@pytest.fixture(scope="session")
-def base(tmp_path_factory) -> Path:
-    """A virtualenv with the build tools, pytest and the steps' torch pin, installed once for every copy."""
-    pins = {torch_pin(s) for s in STEPS}
-    assert len(pins) == 1, f"the steps pin different torch releases: {sorted(pins)}"
-    venv = tmp_path_factory.mktemp("base") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip(venv, "maturin", "setuptools", "pytest", *pins, cwd=venv)
-    return venv
 
 
 class Wheels:
@@ -92,14 +67,11 @@ class Wheels:
     def install(self, venv: Path, step: str, work: Path) -> None:
         if step not in self.built:
             before = set(self.folder.glob("*.whl"))
-            proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
-                                   "--no-build-isolation", "-w", str(self.folder), f"./{step}"],
-                                  cwd=work, env=step_env(venv), capture_output=True, text=True)
-            assert proc.returncode == 0, (f"building {step}'s wheel failed:\n{proc.stdout[-3000:]}\n"
-                                          f"{proc.stderr[-3000:]}")
+            uv("build", "--wheel", "--no-build-isolation", "--python", str(venv / "bin" / "python"),
+               "--out-dir", str(self.folder), f"./{step}", cwd=work, env=step_env(venv))
             (self.built[step],) = set(self.folder.glob("*.whl")) - before
-        # the wheel's own requirements come from the index (pip's cache); the steps it needs are installed already
-        pip(venv, str(self.built[step]), cwd=work)
+        # the wheel's own requirements come from the index (uv's cache); the steps it needs are installed already
+        uv("pip", "install", str(self.built[step]), cwd=work, env=step_env(venv))
 
 
 @pytest.fixture(scope="session")
@@ -108,14 +80,16 @@ def wheels(tmp_path_factory) -> Wheels:
 
 
 @pytest.mark.parametrize("step", STEPS)
-def test_a_copied_step_installs_and_passes_its_tests(step, base, wheels, tmp_path):
+def test_a_copied_step_installs_and_passes_its_tests(step, wheels, tmp_path):
+    assert UV, "uv is neither beside this python nor on PATH: `make test` installs it into .venv"
     work = tmp_path / "project"
     for s in [*needs(step), step]:
         shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
-    venv = tmp_path / "venv"  # empty: even pip comes from the base, so no package is there twice
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    link_tree(site_packages(base), site_packages(venv))
-    link_tree(base / "bin", venv / "bin")  # the maturin binary the build backend runs
+    venv = tmp_path / "venv"
+    pins = {torch_pin(s) for s in STEPS}
+    assert len(pins) == 1, f"the steps pin different torch releases: {sorted(pins)}"
+    uv("venv", "--python", sys.executable, str(venv), cwd=tmp_path, env=step_env(venv))
+    uv("pip", "install", "maturin", "setuptools", "pytest", *pins, cwd=tmp_path, env=step_env(venv))
 
     for s in [*needs(step), step]:
         wheels.install(venv, s, work)
