@@ -49,7 +49,8 @@ def record(name: str, script: str, args: list[str], device: str, out: Path) -> N
     own_device = "--device" in args  # e.g. parity, which runs on the CPU wherever it is recorded
     script = f"steps/{script}" if "/" in script else f"steps/{script}/run.py"  # a step folder means its run.py
     cmd = ["python", script, *([] if own_device else ["--device", device]), *args]
-    print(f"$ {shlex.join(cmd)}", flush=True)
+    command = records.env_prefix(records.cpu_limits()) + shlex.join(cmd)  # as typed, any CPU limits included
+    print(f"$ {command}", flush=True)
     proc = subprocess.Popen([sys.executable, *cmd[1:], "--json", str(partial.relative_to(ROOT))], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     lines = []
@@ -61,7 +62,7 @@ def record(name: str, script: str, args: list[str], device: str, out: Path) -> N
         sys.exit(f"{name}: {cmd[1]} failed with exit code {proc.returncode}; nothing recorded for it")
     meta = json.loads(partial.read_text())["meta"]
     partial.replace(out / f"{name}.json")
-    (out / f"{name}.txt").write_text(f"{records.header(meta)}\n$ {shlex.join(cmd)}\n{''.join(lines)}")
+    (out / f"{name}.txt").write_text(f"{records.header(meta)}\n$ {command}\n{''.join(lines)}")
 
 
 def header_cell_text(meta: dict) -> str:

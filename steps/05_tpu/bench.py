@@ -197,8 +197,12 @@ def main() -> None:
         if row["available"]:
             print(f"{label(row):<28}{row['bytes_per_token'] / 1e9:>19.2f}{row['kv_bytes_per_token'] / 1e9:>15.4f}"
                   f"{row['bandwidth_fraction']:>20.2f}")
-    print(f"KV caches held by every way: {kv_cache_gb(model, ctx, args.dtype):.2f} GB; the rest of the peak is the "
-          f"weights as held (about the weights read per token) plus the runtime")
+    # the caches are held in the dtype attention computes in: the ways share its default (float32 where this
+    # CPU's bf16 matmul is slow)
+    attention = next((r["attention_dtype"] for r in rows if r["available"]), args.dtype)
+    held_in = f" (held in {attention}, the dtype attention computes in on this CPU)" if attention != args.dtype else ""
+    print(f"KV caches held by every way: {kv_cache_gb(model, ctx, attention):.2f} GB{held_in}; the rest of the peak "
+          f"is the weights as held (about the weights read per token) plus the runtime")
     print("\n".join(memory_line(row) for row in rows if row.get("memory")))
     for row in short.values():
         print(f"at ctx {args.short_ctx}: {label(row)} decodes {row['streamed_tok_s']:.1f} tok/s streamed, "
@@ -213,7 +217,7 @@ def main() -> None:
                            dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
                            matvec_gb_s=kernels,
-                           kv_cache_gb=kv_cache_gb(model, ctx, args.dtype), rows=rows, short_ctx=args.short_ctx,
+                           kv_cache_gb=kv_cache_gb(model, ctx, attention), rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
     if chart_path:

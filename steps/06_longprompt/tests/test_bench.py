@@ -71,6 +71,18 @@ def test_targets_are_met_or_missed():
                       "Python compile decode, longest prompt / shortest": True}
 
 
+def test_targets_judge_only_the_ways_asked_for():
+    rows = [row("rust-eager", 60, 10, 2.0), row("rust-int4", 60, 5, 6.0),
+            row("rust-eager", 4000, 8, 1.9), row("rust-int4", 4000, 4, 3.0)]
+    checks = {name: round(value, 2) for name, value, *_ in bench.targets(rows, [60, 4000])}
+    assert checks == {"Rust eager decode, longest prompt / shortest": 0.95,
+                      "Rust int4 decode, longest prompt / shortest": 0.5}
+    gone = [dict(r, available=False) if r["way"] == "rust-int4" else r for r in rows]  # asked, could not run
+    assert dict((name, value) for name, value, *_ in bench.targets(gone, [60, 4000])) == {
+        "Rust eager decode, longest prompt / shortest": pytest.approx(0.95),
+        "Rust int4 decode, longest prompt / shortest": None}
+
+
 def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--size", "tiny", "--lengths", "40,600", "--repeats", "2,1",

@@ -40,7 +40,18 @@ def name(path) -> str | None:
     return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else str(path)
 
 
+# Variables with which torch and oneDNN use less of the CPU than it has: a stand-in for an older CPU (step 05's
+# attention probe and its AVX2-limited bench set them). A record made under them says so in its header.
+CPU_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_limits() -> dict[str, str]:
+    """The CPU_LIMITS set in this process's environment, by name."""
+    return {key: os.environ[key] for key in CPU_LIMITS if os.environ.get(key)}
+
+
 def meta(device: torch.device | str) -> dict:
+    limits = cpu_limits()
     return {
         "device": str(device), "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
@@ -50,6 +61,7 @@ def meta(device: torch.device | str) -> dict:
         "torch_tpu": _version("torch-tpu"),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", *sys.argv]),
+        **({"cpu_limits": limits} if limits else {}),
     }
 
 
@@ -58,8 +70,15 @@ def header(meta: dict) -> str:
     versions = " · ".join(f"{k} {meta[k]}" for k in ("python", "torch", "tch", "transformers",
                                                      "compressed_tensors", "rustc") if meta.get(k))
     cpu = ", ".join(str(meta[k]) for k in ("cpu", "cpu_capability") if meta.get(k))  # e.g. "AMD EPYC …, AVX2"
+    if meta.get("cpu_limits"):  # e.g. "AMD EPYC, AVX2 (limited: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)"
+        cpu += f" (limited: {env_prefix(meta['cpu_limits']).strip()})"
     return (f"# recorded {meta['date'][:10]} on {meta['device']} ({cpu}, {meta['cores']} cores)\n"
             f"# {versions}")
+
+
+def env_prefix(variables: dict[str, str]) -> str:
+    """Variables as a shell command's prefix: `A=1 B=2 ` (empty for none)."""
+    return "".join(f"{key}={shlex.quote(value)} " for key, value in variables.items())
 
 
 def write_json(path: str | None, device, **results) -> None:
