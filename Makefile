@@ -29,7 +29,7 @@ STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build
 	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
 	-o -name '*.json' -o -name '*.safetensors' \) -print)
 
-.PHONY: run test bench train setup clean distclean
+.PHONY: run test bench bench-avx2 train setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml Makefile
@@ -65,6 +65,12 @@ test: setup
 # The CPU record at full E2B size (random weights): makes the 9 GB checkpoint once, then runs for a long while.
 bench: setup
 	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
+
+# The same E2B bench with torch and oneDNN kept to AVX2 on this CPU: how the AVX2-only CPUs many readers have fare
+# (no bf16 matmul hardware). A stand-in, labeled as such in its record; a real AVX2 chip has its own clocks and caches.
+bench-avx2: setup
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+		python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
 
 # The default model, trained again from scratch (about an hour and a half on 2 cores; resumes if interrupted),
 # exported, measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped

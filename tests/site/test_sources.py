@@ -28,6 +28,8 @@ DEFINES = re.compile(r"^\s*(async\s+def|def|class)\s+\w+")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 SNIPPET = re.compile(r"""^\s*-{1,}8<-{1,}\s+(?P<q>["'])(?P<target>[^"']+)(?P=q)\s*$""")
 HEADER = re.compile(r"^# recorded \d{4}-\d{2}-\d{2} on \S+ \(.+, \d+ cores\)$")
+# the command as typed: `$ python …`, after any CPU limits it ran under (torchtpu_rs.records.CPU_LIMITS)
+COMMAND = re.compile(r"^\$ ((ATEN_CPU_CAPABILITY|ONEDNN_MAX_CPU_ISA)=\S+ )*python ")
 VERSIONS = re.compile(r"^# python \S+ · torch \S+")
 
 
@@ -100,7 +102,7 @@ def recorded_problems(repo: Path, path: str) -> list[str]:
         found.append(f"{path}: line 1 is not '# recorded <date> on <device> (<cpu>, <n> cores)': {head[0]!r}")
     if not VERSIONS.match(head[1]):
         found.append(f"{path}: line 2 is not a versions line '# python … · torch …': {head[1]!r}")
-    if not head[2].startswith("$ python "):
+    if not COMMAND.match(head[2]):
         found.append(f"{path}: line 3 is not the recorded command '$ python …': {head[2]!r}")
     return found
 
