@@ -88,11 +88,12 @@ def targets(rows: list[dict], lengths: list[int]) -> list[tuple[str, float | Non
         return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
 
     checks = []
-    for n in lengths if {"rust-eager", "python-compile"} <= asked else []:
-        rust, compiled = at.get(("rust-eager", n)), at.get(("python-compile", n))
-        tokens = (rust or compiled or {}).get("prompt_tokens", n)
-        checks.append((f"Rust eager read / Python compile read, {tokens}-token prompt",
-                       ratio(rust, compiled, "read_tok_s"), ">=", 0.9))
+    if {"rust-eager", "python-compile"} <= asked:
+        for n in lengths:
+            rust, compiled = at.get(("rust-eager", n)), at.get(("python-compile", n))
+            tokens = (rust or compiled or {}).get("prompt_tokens", n)
+            checks.append((f"Rust eager read / Python compile read, {tokens}-token prompt",
+                           ratio(rust, compiled, "read_tok_s"), ">=", 0.9))
     for way in [w for w in ("rust-eager", "python-compile", "rust-int4") if w in asked]:
         longest, shortest_row = at.get((way, lengths[-1])), at.get((way, lengths[0]))
         checks.append((f"{NAMES[way]} decode, longest prompt / shortest",
