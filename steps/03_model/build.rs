@@ -17,6 +17,11 @@ fn main() {
     // (cargo test) must accept that, the Python extension (a shared library) already does.
     println!("cargo:rustc-link-arg=-Wl,--allow-shlib-undefined");
 
+    // torch's oneDNN switch, which tch does not wrap (see src/onednn.rs), against this torch's headers.
+    let include = ask_python("import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))");
+    cc::Build::new().cpp(true).std("c++17").include(include).warnings(false).file("src/onednn.cpp").compile("onednn");
+    println!("cargo:rerun-if-changed=src/onednn.cpp");
+
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
     let tch = lock.split("[[package]]").find(|p| p.contains("name = \"tch\"\n"));

@@ -1,7 +1,8 @@
 """Step 04: the Rust engine beside Hugging Face Transformers on the CPU — same checkpoint, same prompt.
 
 usage: python run.py [--model DIR] [--emb4 DIR] [--reference-model DIR] [--dtype bfloat16|float32]
-                     [--attention-dtype bfloat16|float32] [--prompt-len N] [--max-new 64] [--layers] [--json PATH]
+                     [--attention-dtype bfloat16|float32] [--matvec aten|onednn] [--prompt-len N] [--max-new 64]
+                     [--layers] [--json PATH]
 The reference defaults to the folder the engine's tables come from: the emb4 twin when given, else --model.
 """
 import argparse
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--reference-model", type=Path, help="the folder Transformers reads (default: see above)")
     ap.add_argument("--attention-dtype", choices=["bfloat16", "float32"],
                     help="what the engine's attention computes in (default: the engine's choice for this CPU)")
+    ap.add_argument("--matvec", choices=["aten", "onednn"], default="aten",
+                    help="the kernel for the engine's decode-step linears (onednn: Transformers' own)")
     ap.add_argument("--prompt-len", type=int, help="prompt length in tokens (default: the built-in prompt)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
@@ -68,9 +71,10 @@ def main() -> None:
 
     start = time.perf_counter()
     engine = torchtpu_rs.Engine(args.model, args.emb4, torch.zeros(1), args.ctx, args.dtype,
-                                attention_dtype=args.attention_dtype)
+                                attention_dtype=args.attention_dtype, matvec=args.matvec)
     load_s = time.perf_counter() - start
-    print(f"load {load_s:.1f} {engine.layout()}, attention in {engine.attention_dtype}")
+    print(f"load {load_s:.1f} {engine.layout()}, attention in {engine.attention_dtype}, "
+          f"decode's linears on {engine.matvec}")
     reference = transformers_model(reference_dir, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = prompt_ids(tokenizer, args.prompt_len)
@@ -95,7 +99,7 @@ def main() -> None:
     records.write_json(args.json, "cpu", model=records.name(clean),
                        planted_fault=args.plant_fault, emb4=records.name(args.emb4),
                        reference_model=records.name(reference_dir), dtype=args.dtype,
-                       attention_dtype=engine.attention_dtype, load_s=load_s, prompt_ids=ids,
+                       attention_dtype=engine.attention_dtype, matvec=engine.matvec, load_s=load_s, prompt_ids=ids,
                        answers=answers, **r)
 
 

@@ -15,7 +15,7 @@ import time
 import torch
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
-from torchtpu_ways.baseline import decode_slots_for
+from torchtpu_ways.baseline import decode_slots_for, linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
 from torchtpu_ways.ways import WAYS, label, median_row, run_way
@@ -39,14 +39,21 @@ def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
 def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 5, calls: int = 50) -> dict:
     """One E2B MLP mat-vec ([6144 × 1536], a bf16 activation row) called again and again, best of `tries`: the
     bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel, the one step
-    07 calls) over its time. The weights stay warm in the CPU's caches, so this is the kernel's best case: a way
-    whose weights come from memory reads them no faster than this, however fast the memory is."""
+    07 calls) over its time. bf16 twice: through oneDNN, as torch picks by default (and Transformers decodes), and
+    through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The weights stay warm in the
+    CPU's caches, so this is the kernel's best case: a way whose weights come from memory reads them no faster
+    than this, however fast the memory is."""
     x = torch.randn(1, k, dtype=torch.bfloat16)
     weight = torch.randn(n, k, dtype=torch.bfloat16)
     nibbles = torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
     scale_zero = torch.stack([torch.rand(k // group, n), torch.zeros(k // group, n)], -1).to(torch.bfloat16)
+    def aten():
+        with one_row_in_aten(True):
+            return linear(x, weight)
+
     kernels = {
-        "bf16": (lambda: torch.nn.functional.linear(x, weight), weight.nbytes),
+        "bf16 oneDNN": (lambda: torch.nn.functional.linear(x, weight), weight.nbytes),
+        "bf16 ATen": (aten, weight.nbytes),
         "int4": (lambda: torch._weight_int4pack_mm_for_cpu(x, nibbles, group, scale_zero),
                  nibbles.nbytes + scale_zero.nbytes),
     }

@@ -16,6 +16,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bridge::on;
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
+use crate::onednn::{linear, one_row_in_aten};
 use crate::weights::{Checkpoint, Packed};
 
 /// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows.
@@ -62,10 +63,6 @@ impl Table {
             Table::Packed(p) => p.dequantize()?.f_to_kind(dtype)?,
         })
     }
-}
-
-fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    Ok(x.f_linear(w, None::<Tensor>)?)
 }
 
 fn gelu(x: &Tensor) -> Result<Tensor> {
@@ -558,6 +555,9 @@ pub struct Gemma {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Tensor,
+    /// Whether a decode step's linears run on ATen's mat-vec (the default) or on oneDNN's, as Transformers'
+    /// do (see onednn.rs).
+    pub matvec_in_aten: bool,
 }
 
 impl Gemma {
@@ -616,6 +616,7 @@ impl Gemma {
             per_layer_inputs,
             layers,
             lm_head,
+            matvec_in_aten: true,
         })
     }
     // --8<-- [end:load]
@@ -762,8 +763,7 @@ impl Gemma {
         while made < max_new && !stopped {
             // the step's position, known on the host too: ids.len() for the first decode step
             let full_slots = cache.decode_slots_at(ids.len() as i64 + made - 1);
-            let out = self.forward(&token, &pos, full_slots, cache, None)?;
-            token = self.head(&out)?.f_argmax(-1, false)?;
+            token = self.decode(&token, &pos, full_slots, cache)?.f_argmax(-1, false)?;
             pos = pos.f_add_scalar(1)?;
             pending.push(token.shallow_clone());
             made += 1;
@@ -802,11 +802,17 @@ impl Gemma {
     /// One decode step: `token` (int64 `[1]` on the device) at position `pos` into the cache; returns the
     /// logits `[1, vocab]` for the token after it.
     pub fn step(&self, token: &Tensor, pos: i64, cache: &mut Cache) -> Result<Tensor> {
-        let full_slots = cache.decode_slots_at(pos);
-        let out = self.forward(token, &self.to_device(&[pos])?, full_slots, cache, None)?;
-        self.head(&out)
+        self.decode(token, &self.to_device(&[pos])?, cache.decode_slots_at(pos), cache)
     }
     // --8<-- [end:prefill]
+
+    // --8<-- [start:decode]
+    /// A decode step's forward pass and head, its one-row linears on the kernel `matvec_in_aten` picks (see
+    /// onednn.rs).
+    fn decode(&self, token: &Tensor, pos: &Tensor, full_slots: i64, cache: &mut Cache) -> Result<Tensor> {
+        one_row_in_aten(self.matvec_in_aten, || self.head(&self.forward(token, pos, full_slots, cache, None)?))
+    }
+    // --8<-- [end:decode]
 }
 
 #[cfg(test)]

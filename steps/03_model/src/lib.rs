@@ -6,6 +6,7 @@ mod bridge;
 mod config;
 mod error;
 mod gemma;
+mod onednn;
 mod sampling;
 mod weights;
 
@@ -89,7 +90,8 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
     }
 }
 
-/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None)
+/// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
+///        matvec="aten")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`.
 ///
@@ -106,6 +108,10 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
+/// matvec: the kernel for a decode step's linears (one row each) on a CPU: "aten" (ATen's mat-vec, with oneDNN
+///     switched off for the call: about twice as fast where torch hands bf16 to oneDNN, AVX-512 or AMX) or
+///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
+///     bit, its sums being added in another order). Prompt chunks and attention use oneDNN either way.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_rs")]
@@ -134,7 +140,7 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None))]
+                        attention_dtype = None, matvec = "aten"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -145,7 +151,13 @@ impl Engine {
         progress: Option<Bound<'_, PyAny>>,
         decode_slots: Option<&str>,
         attention_dtype: Option<&str>,
+        matvec: &str,
     ) -> PyResult<Self> {
+        let matvec_in_aten = match matvec {
+            "aten" => true,
+            "onednn" => false,
+            other => return Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\" or \"onednn\""))),
+        };
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
@@ -160,7 +172,8 @@ impl Engine {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, &mut report)?;
+        let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, &mut report)?;
+        model.matvec_in_aten = matvec_in_aten;
         if let Some(e) = report_error {
             return Err(e);
         }
@@ -186,6 +199,12 @@ impl Engine {
             Kind::Float => "float32",
             _ => "bfloat16",
         })
+    }
+
+    /// The kernel for a decode step's linears: "aten" or "onednn" (see the class docstring).
+    #[getter]
+    fn matvec(&self) -> PyResult<&'static str> {
+        Ok(if self.state()?.model.matvec_in_aten { "aten" } else { "onednn" })
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)

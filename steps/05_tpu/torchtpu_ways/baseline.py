@@ -15,6 +15,7 @@ here PyTorch eager, or `torch.compile` turning `decode_step` into one graph (the
 import operator
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,6 +29,37 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # --8<-- [start:ops]
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
+
+
+# --8<-- [start:matvec]
+MATVECS = ("aten", "onednn")
+_one_row_in_aten = False  # set for an eager decode step by `one_row_in_aten`; read by `linear`
+
+
+@contextmanager
+def one_row_in_aten(aten: bool):
+    """Within: one-row linears (a decode step's) on ATen's mat-vec when `aten`, else on oneDNN's. On a CPU where
+    torch hands bf16 matmuls to oneDNN (AVX-512, AMX), oneDNN is fast for a prompt chunk's rows and slow for one
+    row; ATen's kernel sums in another order, so an output now and then differs in its last bf16 bit (the Rust
+    engine's onednn.rs has the measurements)."""
+    global _one_row_in_aten
+    before, _one_row_in_aten = _one_row_in_aten, aten
+    try:
+        yield
+    finally:
+        _one_row_in_aten = before
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`x @ w.T`; one row inside `one_row_in_aten(True)` with oneDNN switched off for the call."""
+    if not (_one_row_in_aten and x.shape[0] == 1):
+        return F.linear(x, w)
+    before, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
+    try:
+        return F.linear(x, w)
+    finally:
+        torch.backends.mkldnn.enabled = before
+# --8<-- [end:matvec]
 
 
 def in_dtype(value: float, dtype: torch.dtype) -> float:
@@ -118,7 +150,7 @@ class Attention:
     """Self-attention: q/k/v projections, q and k RMS-normed (v without a weight), RoPE after the norms."""
 
     def __init__(self, ckpt: Checkpoint, cfg: TextConfig, i: int, dtype: torch.dtype, device):
-        def linear(name):
+        def matrix(name):
             return ckpt.linear(f"layers.{i}.self_attn.{name}", dtype, device)
 
         def norm(name):
@@ -127,16 +159,16 @@ class Attention:
         self.layer = i  # where it writes its keys and values
         self.kv_source = cfg.kv_source(i)  # whose cache it attends over: its own, or the one it shares
         self.head_dim = cfg.head_dim_of(i)
-        self.q_proj, self.q_norm = linear("q_proj"), norm("q_norm")
+        self.q_proj, self.q_norm = matrix("q_proj"), norm("q_norm")
         # None on KV-shared layers: stray k/v projections in a file are ignored
-        self.kv = KeyValueProjections(linear("k_proj"), norm("k_norm"), linear("v_proj")) \
+        self.kv = KeyValueProjections(matrix("k_proj"), norm("k_norm"), matrix("v_proj")) \
             if self.kv_source == i else None
         self.v_norm = RmsNorm(None, cfg.rms_norm_eps)
-        self.o_proj = linear("o_proj")
+        self.o_proj = matrix("o_proj")
 
     def __call__(self, x: torch.Tensor, rotation: Rotation, slots: "Slots", cache: "Cache") -> torch.Tensor:
         def heads(w):
-            return F.linear(x, w).view(x.shape[0], -1, self.head_dim)
+            return linear(x, w).view(x.shape[0], -1, self.head_dim)
 
         q = rotation.rotate(self.q_norm(heads(self.q_proj)))
         if self.kv is not None:
@@ -147,7 +179,7 @@ class Attention:
         keys, values = cache.seen(self.kv_source, slots)
         # attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow
         out = attend(q.to(keys.dtype), keys, values, slots.masked).to(x.dtype)
-        return F.linear(out, self.o_proj)
+        return linear(out, self.o_proj)
 
 
 class Mlp:
@@ -158,7 +190,7 @@ class Mlp:
             ckpt.linear(f"layers.{i}.mlp.{name}", dtype, device) for name in ("gate_proj", "up_proj", "down_proj"))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(gelu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+        return linear(gelu(linear(x, self.gate_proj)) * linear(x, self.up_proj), self.down_proj)
 
 
 class PerLayerInput:
@@ -170,7 +202,7 @@ class PerLayerInput:
         self.projection = ckpt.linear(f"layers.{i}.per_layer_projection", dtype, device)
 
     def __call__(self, x: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
-        return F.linear(gelu(F.linear(x, self.gate)) * per_layer_input, self.projection)
+        return linear(gelu(linear(x, self.gate)) * per_layer_input, self.projection)
 
 
 class DecoderLayer:
@@ -219,7 +251,7 @@ class PerLayerInputs:
         """[tokens, layers, size] for the tokens `ids`, whose scaled embeddings are `embeds`."""
         shape = (ids.shape[0], *self.shape)
         identity = self.table.rows(ids).to(embeds.dtype) * self.table_scale
-        context = F.linear(embeds, self.model_projection) * self.hidden_size ** -0.5
+        context = linear(embeds, self.model_projection) * self.hidden_size ** -0.5
         context = self.projection_norm(context.view(shape))
         return (context + identity.view(shape)) * 2 ** -0.5
 
@@ -364,18 +396,24 @@ class Baseline:
         at every position), or None: "all" on a TPU, else "bucket" (as the Rust Engine). Same bits either way.
     attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
         whose bf16 matmul has no fast path (`attention_dtype_default`). The caches are held in it.
+    matvec: the kernel for an eager decode step's one-row linears on a CPU: "aten" (ATen's mat-vec, oneDNN off
+        for the call, as the Rust Engine by default) or "onednn" (Transformers' kernel, bit for bit). A compiled
+        step runs the kernels inductor picks.
     """
 
     # --8<-- [start:load]
     def __init__(self, model_dir, emb4_dir, device, ctx: int, dtype: str = "bfloat16", compile: bool = False,
-                 decode_slots: str | None = None, attention_dtype: str | None = None):
+                 decode_slots: str | None = None, attention_dtype: str | None = None, matvec: str = "aten"):
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: use \"bfloat16\" or \"float32\"")
         if decode_slots not in (None, *DECODE_SLOTS):
             raise ValueError(f"decode_slots={decode_slots!r}: use \"bucket\", \"all\" or None")
         if attention_dtype not in (None, *DTYPES):
             raise ValueError(f"attention_dtype={attention_dtype!r}: use \"bfloat16\", \"float32\" or None")
+        if matvec not in MATVECS:
+            raise ValueError(f"matvec={matvec!r}: use \"aten\" or \"onednn\"")
         self.decode_slots = decode_slots or decode_slots_default(device)
+        self.matvec, self.compiled = matvec, compile
         self.cfg = cfg = TextConfig.from_file(Path(model_dir) / "config.json")
         if not 1 <= ctx <= cfg.max_position_embeddings:
             raise ValueError(f"ctx={ctx}: must be between 1 and max_position_embeddings={cfg.max_position_embeddings}")
@@ -460,7 +498,7 @@ class Baseline:
 
     def head(self, out: torch.Tensor) -> torch.Tensor:
         """Logits [tokens, vocab]: the output head, then `tanh(x / cap) * cap` when the config sets a cap."""
-        logits = F.linear(out, self.lm_head)
+        logits = linear(out, self.lm_head)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -527,7 +565,8 @@ class Baseline:
         while made < max_new and not stopped:
             # the step's position is len(ids) + made - 1, known on the host: only its bucket reaches the step
             slots = decode_slots_for(len(ids) + made - 1, self.cfg.sliding_window, self.ctx, self.decode_slots)
-            token, pos = self.step(token, pos, slots)
+            with one_row_in_aten(self.matvec == "aten" and not self.compiled):
+                token, pos = self.step(token, pos, slots)
             pending.append(token)
             made += 1
             if len(pending) == read_every or made == max_new:

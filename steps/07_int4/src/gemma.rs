@@ -17,6 +17,7 @@ use crate::bridge::on;
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
 use crate::int4::{Held, Int4Linear, Linear, Weights};
+use crate::onednn::one_row_in_aten;
 use crate::weights::{Checkpoint, MappedTable, Packed};
 
 /// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows; or left
@@ -616,6 +617,9 @@ pub struct Gemma {
     pub weights: Weights,
     /// With `weights="auto"`: the packed matrices the int4 kernel could not take, held dense instead.
     pub kept_dense: Vec<String>,
+    /// Whether a decode step's dense linears run on ATen's mat-vec (the default) or on oneDNN's, as
+    /// Transformers' do (see onednn.rs). The int4 kernel is ATen's either way.
+    pub matvec_in_aten: bool,
 }
 
 impl Gemma {
@@ -679,6 +683,7 @@ impl Gemma {
             lm_head,
             weights,
             kept_dense: held.kept_dense.take(),
+            matvec_in_aten: true,
         })
     }
     // --8<-- [end:load]
@@ -850,8 +855,7 @@ impl Gemma {
         while made < max_new && !stopped {
             // the step's position, known on the host too: ids.len() for the first decode step
             let full_slots = cache.decode_slots_at(ids.len() as i64 + made - 1);
-            let out = self.forward(&token, &pos, full_slots, cache, None)?;
-            token = self.head(&out)?.f_argmax(-1, false)?;
+            token = self.decode(&token, &pos, full_slots, cache)?.f_argmax(-1, false)?;
             pos = pos.f_add_scalar(1)?;
             pending.push(token.shallow_clone());
             made += 1;
@@ -890,11 +894,17 @@ impl Gemma {
     /// One decode step: `token` (int64 `[1]` on the device) at position `pos` into the cache; returns the
     /// logits `[1, vocab]` for the token after it.
     pub fn step(&self, token: &Tensor, pos: i64, cache: &mut Cache) -> Result<Tensor> {
-        let full_slots = cache.decode_slots_at(pos);
-        let out = self.forward(token, &self.to_device(&[pos])?, full_slots, cache, None)?;
-        self.head(&out)
+        self.decode(token, &self.to_device(&[pos])?, cache.decode_slots_at(pos), cache)
     }
     // --8<-- [end:prefill]
+
+    // --8<-- [start:decode]
+    /// A decode step's forward pass and head, its one-row dense linears on the kernel `matvec_in_aten` picks (see
+    /// onednn.rs).
+    fn decode(&self, token: &Tensor, pos: &Tensor, full_slots: i64, cache: &mut Cache) -> Result<Tensor> {
+        one_row_in_aten(self.matvec_in_aten, || self.head(&self.forward(token, pos, full_slots, cache, None)?))
+    }
+    // --8<-- [end:decode]
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod gemma;
 mod int4;
+mod onednn;
 mod sampling;
 mod weights;
 
@@ -95,7 +96,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 }
 
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto")
+///        weights="auto", matvec="aten")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -116,6 +117,10 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
 ///     "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
 ///     was taken and `engine.weights_reason` why.
+/// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
+///     oneDNN switched off for the call: about twice as fast where torch hands bf16 to oneDNN, AVX-512 or AMX) or
+///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
+///     bit, its sums being added in another order). The int4 kernel is ATen's either way.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_int4")]
@@ -262,7 +267,7 @@ fn int4_linear<'py>(
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, weights = "auto"))]
+                        attention_dtype = None, weights = "auto", matvec = "aten"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -274,7 +279,13 @@ impl Engine {
         decode_slots: Option<&str>,
         attention_dtype: Option<&str>,
         weights: &str,
+        matvec: &str,
     ) -> PyResult<Self> {
+        let matvec_in_aten = match matvec {
+            "aten" => true,
+            "onednn" => false,
+            other => return Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\" or \"onednn\""))),
+        };
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
@@ -290,7 +301,8 @@ impl Engine {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, weights, fallback, &mut report)?;
+        let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, weights, fallback, &mut report)?;
+        model.matvec_in_aten = matvec_in_aten;
         if let Some(e) = report_error {
             return Err(e);
         }
@@ -326,6 +338,12 @@ impl Engine {
             DecodeSlots::Bucket => "bucket",
             DecodeSlots::All => "all",
         })
+    }
+
+    /// The kernel for a decode step's dense linears: "aten" or "onednn" (see the class docstring).
+    #[getter]
+    fn matvec(&self) -> PyResult<&'static str> {
+        Ok(if self.state()?.model.matvec_in_aten { "aten" } else { "onednn" })
     }
 
     /// The dtype attention computes in: "bfloat16" or "float32" (see the class docstring).

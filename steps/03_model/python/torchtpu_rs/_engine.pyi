@@ -34,17 +34,22 @@ class Engine:
         progress: Callable[[int, int], object] | None = None,
         decode_slots: Literal["bucket", "all"] | None = None,
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
+        matvec: Literal["aten", "onednn"] = "aten",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
         program at every position); None: "all" on a TPU, "bucket" elsewhere. Same tokens and logits either way.
         attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits."""
+        is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
+        matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call: about
+        twice as fast where torch hands bf16 to oneDNN) or "onednn" (Transformers' decode kernel, bit for bit)."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property
     def attention_dtype(self) -> Literal["bfloat16", "float32"]: ...
+    @property
+    def matvec(self) -> Literal["aten", "onednn"]: ...
     def layout(self) -> Layout: ...
     def generate(
         self,

@@ -15,6 +15,8 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--emb4", type=Path,
                     help="its -text-emb4 twin (default: the shipped twin when --model is not given)")
     ap.add_argument("--no-emb4", action="store_true", help="run on the -text checkpoint alone")
+    ap.add_argument("--random", action="store_true",
+                    help="the tests' tiny random-weight checkpoint instead of the trained model (made on first use)")
     ap.add_argument("--layout", default="causal", choices=checkpoints.LAYOUTS,
                     help="layout of the default checkpoint: Gemma4ForCausalLM or the multimodal one")
     ap.add_argument("--device", default="auto", choices=["auto", "tpu", "cuda", "cpu"])
@@ -31,9 +33,10 @@ def default_ctx(model_dir: Path) -> int:
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill in the defaults: the shipped trained checkpoint and its twin, and the context length for the model."""
+    """Fill in the defaults: the shipped trained checkpoint (or with --random the tiny random one) and its twin,
+    and the context length for the model."""
     if args.model is None:
-        folder = checkpoints.trained(args.layout)
+        folder = checkpoints.tiny(args.layout) if args.random else checkpoints.trained(args.layout)
         args.model, args.emb4 = folder / "text", args.emb4 or folder / "emb4"
     if args.no_emb4:
         args.emb4 = None

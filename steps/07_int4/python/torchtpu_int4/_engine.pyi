@@ -37,6 +37,7 @@ class Engine:
         decode_slots: Literal["bucket", "all"] | None = None,
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
         weights: Literal["auto", "int4", "bf16"] = "auto",
+        matvec: Literal["aten", "onednn"] = "aten",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
@@ -46,7 +47,10 @@ class Engine:
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
         weights: "int4" (linears and a packed head 4-bit, aten::_weight_int4pack_mm_for_cpu; NotImplementedError
         where it does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs
-        and dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named)."""
+        and dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
+        matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
+        about twice as fast where torch hands bf16 to oneDNN) or "onednn" (Transformers' decode kernel, bit for
+        bit). The int4 kernel is ATen's either way."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
@@ -57,6 +61,8 @@ class Engine:
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property
     def attention_dtype(self) -> Literal["bfloat16", "float32"]: ...
+    @property
+    def matvec(self) -> Literal["aten", "onednn"]: ...
     def layout(self) -> Layout: ...
     def generate(
         self,

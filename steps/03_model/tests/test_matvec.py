@@ -1,0 +1,54 @@
+"""A decode step's one-row linears on ATen's mat-vec (the default) or on oneDNN's (Transformers' kernel): prompt
+reads are the same bits either way, a decode step's logits agree to a bf16 rounding, and the trained model gives
+the same answers."""
+import pytest
+import torch
+import torchtpu_rs
+from torchtpu_rs import checkpoints, prompting
+from transformers import AutoTokenizer
+
+CTX = 256
+IDS = [2] + [(7 * i + 3) % 500 + 3 for i in range(60)]
+
+
+def engine(folder, dtype="bfloat16", **kw):
+    return torchtpu_rs.Engine(folder / "text", folder / "emb4", torch.zeros(1), CTX, dtype, **kw)
+
+
+def test_aten_is_the_default_and_bad_values_raise(tiny):
+    assert engine(tiny).matvec == "aten"
+    assert engine(tiny, matvec="onednn").matvec == "onednn"
+    for bad in ("mkldnn", "ATen", ""):
+        with pytest.raises(ValueError, match="matvec"):
+            engine(tiny, matvec=bad)
+
+
+def decode_logits(eng, steps: int) -> torch.Tensor:
+    stream = eng.stream(IDS, steps)
+    list(stream)
+    return stream.last_logits()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_only_decode_steps_change_and_only_by_a_rounding(tiny, dtype):
+    aten, onednn = engine(tiny, dtype), engine(tiny, dtype, matvec="onednn")
+    assert torch.equal(aten.logits(IDS), onednn.logits(IDS)), "a prompt read keeps oneDNN"
+    a, o = decode_logits(aten, 4), decode_logits(onednn, 4)
+    # bf16 rounds each product's output to 8 bits; the logits differ by at most a few such steps
+    bound = a.abs().max().item() * (2 ** -6 if dtype == "bfloat16" else 1e-5)
+    assert (a - o).abs().max().item() <= bound
+
+
+def test_the_trained_model_answers_the_same_either_way():
+    folder = checkpoints.trained("causal")
+    tokenizer = AutoTokenizer.from_pretrained(folder / "text")
+    prompt = ("Record 1: code 482913. Record 2: code 705126. Record 3: code 610395. "
+              "What is the code of record 2? Answer:")
+    ids = prompting.encode(tokenizer, prompt)
+    answers = set()
+    for matvec in ("aten", "onednn"):
+        eng = torchtpu_rs.Engine(folder / "text", folder / "emb4", torch.zeros(1), 2048, matvec=matvec)
+        tokens, _, _ = eng.generate(ids, 16, stop=prompting.eos_ids(folder / "text"))
+        answers.add(tokenizer.decode(prompting.until_stop(tokens, prompting.eos_ids(folder / "text")),
+                                     skip_special_tokens=True))
+    assert answers == {" 705126"}
