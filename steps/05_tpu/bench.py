@@ -47,6 +47,7 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 5, c
     weight = torch.randn(n, k, dtype=torch.bfloat16)
     nibbles = torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
     scale_zero = torch.stack([torch.rand(k // group, n), torch.zeros(k // group, n)], -1).to(torch.bfloat16)
+
     def aten():
         with one_row_in_aten(True):
             return linear(x, weight)

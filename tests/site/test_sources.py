@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from torchtpu_rs.records import CPU_LIMITS
 
 OUTPUT = {"text", "txt", "console", "output", "plaintext", ""}
 USAGE = {"python", "py", "bash", "sh", "shell"}
@@ -28,8 +29,8 @@ DEFINES = re.compile(r"^\s*(async\s+def|def|class)\s+\w+")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 SNIPPET = re.compile(r"""^\s*-{1,}8<-{1,}\s+(?P<q>["'])(?P<target>[^"']+)(?P=q)\s*$""")
 HEADER = re.compile(r"^# recorded \d{4}-\d{2}-\d{2} on \S+ \(.+, \d+ cores\)$")
-# the command as typed: `$ python …`, after any CPU limits it ran under (torchtpu_rs.records.CPU_LIMITS)
-COMMAND = re.compile(r"^\$ ((ATEN_CPU_CAPABILITY|ONEDNN_MAX_CPU_ISA)=\S+ )*python ")
+# the command as typed: `$ python …`, after any CPU limits it ran under
+COMMAND = re.compile(rf"^\$ (({'|'.join(CPU_LIMITS)})=\S+ )*python ")
 VERSIONS = re.compile(r"^# python \S+ · torch \S+")
 
 

@@ -52,3 +52,19 @@ def test_the_trained_model_answers_the_same_either_way():
         answers.add(tokenizer.decode(prompting.until_stop(tokens, prompting.eos_ids(folder / "text")),
                                      skip_special_tokens=True))
     assert answers == {" 705126"}
+
+
+def test_torchs_onednn_switch_is_left_as_it_was(tiny):
+    """The engine flips torch's process-wide switch around each one-row linear; whatever the caller had set
+    survives a generation, a stream and a failed call."""
+    eng = engine(tiny)
+    for setting in (True, False):
+        torch.backends.mkldnn.enabled = setting
+        try:
+            eng.generate(IDS[:8], 4)
+            list(eng.stream(IDS[:8], 3))
+            with pytest.raises(ValueError):
+                eng.generate(IDS[:8], CTX)  # over the context: refused
+            assert torch.backends.mkldnn.enabled is setting
+        finally:
+            torch.backends.mkldnn.enabled = True

@@ -6,7 +6,14 @@ import pytest
 import torch
 import torchtpu_rs
 from torchtpu_rs import prompting
-from torchtpu_ways.baseline import Baseline, attention_dtype_default, decode_slots_default, decode_slots_for
+from torchtpu_ways.baseline import (
+    Baseline,
+    attention_dtype_default,
+    decode_slots_default,
+    decode_slots_for,
+    linear,
+    one_row_in_aten,
+)
 from torchtpu_ways.checkpoint import DenseTable, PackedTable
 
 CTX = 2048
@@ -215,3 +222,23 @@ def test_attention_dtype_default_and_bad_values(tiny):
     assert attention_dtype_default(torch.bfloat16, "tpu:0") == torch.bfloat16
     with pytest.raises(ValueError, match="attention_dtype"):
         Baseline(tiny / "text", None, "cpu", CTX, attention_dtype="half")
+
+
+def test_one_row_linears_leave_torchs_onednn_switch_as_it_was():
+    """`linear` switches oneDNN off only for a one-row product inside `one_row_in_aten(True)`, then back."""
+    w, x = torch.randn(256, 128, dtype=torch.bfloat16), torch.randn(1, 128, dtype=torch.bfloat16)
+    want = x.float() @ w.float().T
+    for setting in (True, False):
+        torch.backends.mkldnn.enabled = setting
+        try:
+            with one_row_in_aten(True):
+                got = linear(x, w)
+                assert torch.backends.mkldnn.enabled is setting
+            assert (got.float() - want).abs().max() <= want.abs().max() * 2 ** -7
+        finally:
+            torch.backends.mkldnn.enabled = True
+
+
+def test_a_bad_matvec_is_refused(tiny):
+    with pytest.raises(ValueError, match="matvec"):
+        Baseline(tiny / "text", tiny / "emb4", "cpu", 64, matvec="mkldnn")
