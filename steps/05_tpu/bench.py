@@ -69,6 +69,40 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 5, c
             best = min(best, (time.perf_counter() - start) / calls)
         rates[name] = nbytes / best / 1e9
     return rates
+
+
+def where_onednn_stays(tries: int = 3) -> dict:
+    """What the ways leave on oneDNN, timed through it and through ATen's own bf16 kernels (oneDNN switched off),
+    best of `tries` (ms): one prompt chunk's product (512 rows × [6144 × 1536]) and one full-attention layer's
+    decode attention over 32,768 slots (E2B: 8 query heads on one KV head of 512; the scores k · qᵀ and the
+    weighted sum p · v, as the ways compute them). And how many of the mat-vec's 6,144 outputs the two kernels
+    round differently (`bits apart`)."""
+    chunk, weight = torch.randn(512, 1536, dtype=torch.bfloat16), torch.randn(6144, 1536, dtype=torch.bfloat16)
+    keys, values = (torch.randn(1, 32768, 512, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 8, 512, dtype=torch.bfloat16)
+    probs = torch.softmax(torch.randn(1, 8, 32768), -1).to(torch.bfloat16)
+    products = {"prompt chunk": lambda: torch.nn.functional.linear(chunk, weight),
+                "decode attention": lambda: (keys.matmul(q.transpose(1, 2)), probs.matmul(values))}
+    times, before = {}, torch.backends.mkldnn.enabled
+    try:
+        for name, call in products.items():
+            for kernel, onednn in (("oneDNN", True), ("ATen", False)):
+                torch.backends.mkldnn.enabled = onednn
+                call()
+                best = float("inf")
+                for _ in range(tries):
+                    start = time.perf_counter()
+                    call()
+                    best = min(best, time.perf_counter() - start)
+                times.setdefault(name, {})[kernel] = best * 1e3
+        row = chunk[:1]
+        torch.backends.mkldnn.enabled = True
+        onednn_row = torch.nn.functional.linear(row, weight)
+        torch.backends.mkldnn.enabled = False
+        times["bits apart"] = int((torch.nn.functional.linear(row, weight) != onednn_row).sum())
+    finally:
+        torch.backends.mkldnn.enabled = before
+    return times
 # --8<-- [end:kernels]
 
 
@@ -180,6 +214,11 @@ def main() -> None:
     print("one [6144 × 1536] mat-vec, warm in cache (best of 5 × 50 calls): "
           + ", ".join(f"{name} {rate:.1f} GB/s ({rate / bandwidth:.2f} of the copy)" for name, rate in kernels.items()),
           flush=True)
+    kept = where_onednn_stays()
+    print("left on oneDNN (best of 3): " + ", ".join(
+        f"{name} {t['oneDNN']:.1f} ms (ATen {t['ATen']:.1f} ms, {t['ATen'] / t['oneDNN']:.0f}x slower)"
+        for name, t in kept.items() if name != "bits apart")
+        + f"; the two mat-vecs round {kept['bits apart']} of 6144 outputs differently", flush=True)
 
     cfg = TextConfig.from_file(model / "config.json")
 
@@ -224,7 +263,7 @@ def main() -> None:
         records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
                            dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
-                           matvec_gb_s=kernels,
+                           matvec_gb_s=kernels, left_on_onednn_ms=kept,
                            kv_cache_gb=kv_cache_gb(model, ctx, attention), rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")

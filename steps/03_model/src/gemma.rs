@@ -56,6 +56,14 @@ impl Table {
         }
     }
 
+    /// Bytes the table holds in memory.
+    fn bytes(&self) -> i64 {
+        match self {
+            Table::Dense(t) => bytes(t),
+            Table::Packed(p) => p.bytes(),
+        }
+    }
+
     /// The whole table as a `dtype` matrix, for an output head tied to the embeddings.
     fn matrix(&self, dtype: Kind) -> Result<Tensor> {
         Ok(match self {
@@ -63,6 +71,11 @@ impl Table {
             Table::Packed(p) => p.dequantize()?.f_to_kind(dtype)?,
         })
     }
+}
+
+/// Bytes a tensor holds.
+fn bytes(t: &Tensor) -> i64 {
+    t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
 }
 
 fn gelu(x: &Tensor) -> Result<Tensor> {
@@ -451,6 +464,12 @@ impl Cache {
         Ok(Cache { layers, positions, ctx, window, dtype, decode_slots: DecodeSlots::Bucket })
     }
 
+    /// Bytes the caches hold: keys, values and the slot positions.
+    pub fn bytes(&self) -> i64 {
+        let kv: i64 = self.layers.iter().flatten().map(|kv| bytes(&kv.keys) + bytes(&kv.values)).sum();
+        kv + bytes(&self.positions.sliding) + bytes(&self.positions.full)
+    }
+
     /// Every slot empty; the stale keys and values stay, masked.
     fn clear(&mut self) -> Result<()> {
         for positions in [&mut self.positions.sliding, &mut self.positions.full] {
@@ -541,6 +560,16 @@ pub struct Generation {
     pub decode_s: f64,
 }
 
+/// Bytes of the weights a decode step reads whole (not a row of a table), as held: what `held_bytes` and
+/// `weight_bytes_per_token` are made of.
+struct ReadWhole {
+    /// every layer's matrices and the per-layer projection
+    linears: i64,
+    head: i64,
+    /// the norms' weights and the layer scalars
+    norms: i64,
+}
+
 pub struct Gemma {
     pub cfg: TextConfig,
     /// The compute dtype; weights are what the checkpoint holds, cast to it.
@@ -629,27 +658,52 @@ impl Gemma {
         Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
     }
 
+    /// Bytes of the parts a decode step reads whole, as held.
+    fn read_whole(&self) -> ReadWhole {
+        let norm = |n: &RmsNorm| n.weight.as_ref().map_or(0, bytes);
+        let inputs = &self.per_layer_inputs;
+        let mut linears = bytes(&inputs.model_projection);
+        let mut norms = norm(&inputs.projection_norm) + norm(&self.norm);
+        for l in &self.layers {
+            let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
+            let all = [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
+            linears += all.into_iter().map(bytes).sum::<i64>();
+            let layer_norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
+            let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
+            norms += layer_norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);
+            if let Some(kv) = &a.kv {
+                linears += bytes(&kv.k_proj) + bytes(&kv.v_proj);
+                norms += norm(&kv.k_norm);
+            }
+        }
+        ReadWhole { linears, head: bytes(&self.lm_head), norms }
+    }
+
     /// Bytes of weights one decode step reads, as held (the benchmark's bandwidth figure): every layer's matrices,
     /// norms and scalar, the per-layer projection, the final norm and head, one row of each embedding table.
     pub fn weight_bytes_per_token(&self) -> i64 {
-        let bytes = |t: &Tensor| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
-        let norm = |n: &RmsNorm| n.weight.as_ref().map_or(0, bytes);
-        let inputs = &self.per_layer_inputs;
-        let mut total = bytes(&inputs.model_projection) + norm(&inputs.projection_norm);
-        total += norm(&self.norm) + bytes(&self.lm_head);
-        for l in &self.layers {
-            let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
-            let matrices =
-                [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
-            total += matrices.into_iter().map(bytes).sum::<i64>() + bytes(&l.layer_scalar);
-            let norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
-            let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
-            total += norms.into_iter().chain(more).map(norm).sum::<i64>();
-            if let Some(kv) = &a.kv {
-                total += bytes(&kv.k_proj) + bytes(&kv.v_proj) + norm(&kv.k_norm);
-            }
-        }
-        total + self.embed_tokens.row_bytes() + inputs.table.row_bytes()
+        let whole = self.read_whole();
+        whole.linears
+            + whole.head
+            + whole.norms
+            + self.embed_tokens.row_bytes()
+            + self.per_layer_inputs.table.row_bytes()
+    }
+
+    /// Bytes of weights held in memory, by part. A tied head that is the embedding table itself counts once.
+    pub fn held_bytes(&self) -> Vec<(&'static str, i64)> {
+        let whole = self.read_whole();
+        let shared = match &self.embed_tokens {
+            Table::Dense(t) => self.lm_head.data_ptr() == t.data_ptr(),
+            Table::Packed(_) => false,
+        };
+        vec![
+            ("linears", whole.linears),
+            ("head", if shared { 0 } else { whole.head }),
+            ("embed_tokens", self.embed_tokens.bytes()),
+            ("embed_tokens_per_layer", self.per_layer_inputs.table.bytes()),
+            ("norms and scalars", whole.norms),
+        ]
     }
 
     /// Ids as a device tensor.

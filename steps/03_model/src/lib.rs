@@ -16,7 +16,7 @@ use std::thread::ThreadId;
 
 use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple};
+use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyTuple};
 use tch::{Kind, Tensor};
 
 use bridge::{give, take, torch_error};
@@ -406,6 +406,21 @@ impl Engine {
     /// Bytes of weights one decode step reads, in the dtypes the engine holds them (not the bytes on disk).
     fn weight_bytes_per_token(&self) -> PyResult<i64> {
         Ok(self.state()?.model.weight_bytes_per_token())
+    }
+
+    /// memory() -> dict[str, int]
+    ///
+    /// Bytes held in memory, by part: the linears (every layer's matrices and the per-layer projection), the
+    /// head (0 when it is the embedding table itself), each embedding table, the norms and scalars, and the KV
+    /// caches. The rest of the process's memory is the runtime (torch, Python) and the allocator's slack.
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.state()?;
+        let parts = PyDict::new(py); // in the order of the parts
+        for (part, bytes) in state.model.held_bytes() {
+            parts.set_item(part, bytes)?;
+        }
+        parts.set_item("kv caches", state.cache.bytes())?;
+        Ok(parts)
     }
 
     fn __repr__(&self) -> PyResult<String> {

@@ -1,12 +1,12 @@
 //! Which kernel multiplies a decode step's one-row activations by the weights.
 //!
 //! On a CPU with AVX-512 or AMX, torch hands bf16 matmuls to oneDNN, which is fast for a prompt chunk's
-//! hundreds of rows and slow for the one row of a decode step: measured on an AVX-512 EPYC (torch 2.13, two
-//! cores), a [6144 × 1536] bf16 mat-vec warm in cache took 1.01 ms through oneDNN and 0.48 ms through ATen's
-//! own kernel with oneDNN switched off — which made a prompt chunk of 512 rows nine times slower. So a decode
-//! step's linears run with oneDNN off for the call, and everything else (attention included) keeps it.
-//! Both kernels sum in float32; their sums' order differs, so now and then an output differs in its last bf16
-//! bit (2 of 6,144 in that test): `Engine(matvec="onednn")` keeps Transformers' kernel, bit for bit.
+//! hundreds of rows and slow for the one row of a decode step; ATen's own kernels, with oneDNN switched off, are
+//! the other way round (the walkthrough's `make bench` times both, for a mat-vec, a prompt chunk and decode
+//! attention: docs/runs/cpu-e2b/05_tpu.txt). So a decode step's linears run with oneDNN off for the call, and
+//! everything else (attention included) keeps it. Both kernels sum in float32; their sums' order differs, so
+//! now and then an output differs in its last bf16 bit (the same record counts them for one mat-vec):
+//! `Engine(matvec="onednn")` keeps Transformers' kernel, bit for bit.
 use std::cell::Cell;
 
 use tch::Tensor;

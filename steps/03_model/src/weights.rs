@@ -196,6 +196,11 @@ impl Packed {
         self.packed.size()[1] * 4 + self.scale.size()[1] * self.scale.kind().elt_size_in_bytes() as i64
     }
 
+    /// Bytes the matrix holds: its packed words and its scales.
+    pub fn bytes(&self) -> i64 {
+        self.row_bytes() * self.packed.size()[0]
+    }
+
     /// Only the rows `ids` (an embedding lookup), in the scale dtype: the table itself stays packed.
     pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
         let packed = self.packed.f_index_select(0, ids)?;

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 import torchtpu_rs
+from safetensors.torch import load_file
 from torchtpu_rs import prompting
 
 CTX = 2048
@@ -188,3 +189,42 @@ def test_twenty_generate_calls_do_not_grow_memory(tiny):
     for _ in range(20):
         engine.generate([2, 5, 6, 7], 16)
     assert rss_bytes() - before < 8 * 2**20
+
+
+def test_memory_itemizes_what_the_engine_holds(tiny):
+    """`memory()` counts the bytes held by part: the linears as dequantized (a bf16 or float32 value a weight),
+    the tables as stored (the twin's packed, byte for byte), a head tied to the table counted once, the caches."""
+    config = prompting.text_config(tiny / "text")
+    stored, twin = load_file(tiny / "text" / "model.safetensors"), load_file(tiny / "emb4" / "model.safetensors")
+    layers, shared = config["num_hidden_layers"], config["num_kv_shared_layers"]
+
+    def owns_its_cache(name):  # a KV-shared layer has no k/v projections of its own
+        return not (name.endswith(("k_proj", "v_proj")) and int(name.split(".")[2]) >= layers - shared)
+
+    linears = [name.removesuffix(".weight_shape") for name in stored if name.endswith(".weight_shape")]
+    weights = sum(int(stored[f"{n}.weight_shape"].prod()) for n in linears if owns_its_cache(n))
+
+    def nbytes(*tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    held = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX).memory()
+    assert list(held) == ["linears", "head", "embed_tokens", "embed_tokens_per_layer", "norms and scalars",
+                          "kv caches"]
+    assert held["linears"] == 2 * weights
+    # tied: in bf16 the head is the stored table itself; in float32 it is the table cast, a copy
+    assert held["head"] == 0 and held["embed_tokens"] == nbytes(stored["model.embed_tokens.weight"])
+    assert held["embed_tokens_per_layer"] == nbytes(stored["model.embed_tokens_per_layer.weight"])
+    in_float32 = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, "float32").memory()
+    assert in_float32["linears"] == 4 * weights and in_float32["head"] == 2 * held["embed_tokens"]
+    # the twin's tables stay packed; its head (untied, packed) is dequantized once
+    with_twin = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", torch.zeros(1), CTX).memory()
+    table = "model.embed_tokens_per_layer"
+    assert with_twin["embed_tokens_per_layer"] == nbytes(twin[f"{table}.weight_packed"], twin[f"{table}.weight_scale"])
+    assert with_twin["head"] == 2 * int(twin["lm_head.weight_shape"].prod())
+    # keys and values of every layer that owns a cache, in bf16, and the slot positions (int64) of both kinds
+    ring = 2 * config["sliding_window"]
+    owners = config["layer_types"][: layers - shared]
+    full, sliding = owners.count("full_attention"), owners.count("sliding_attention")
+    heads = config["num_key_value_heads"]
+    kv = 2 * 2 * heads * (full * CTX * config["global_head_dim"] + sliding * ring * config["head_dim"])
+    assert held["kv caches"] == kv + 8 * (CTX + ring)

@@ -59,6 +59,20 @@ def test_each_way_ran_in_its_own_process_and_measured(recorded):
         assert row["peak_gb"] > 0.05, "peak resident memory of a process that imported torch"
 
 
+def test_every_way_itemizes_the_same_bytes_held(recorded):
+    """The Rust engine and the baseline hold the same model in the same dtypes: their `memory()` agrees part for
+    part, and the parts a decode step reads whole add up to what it reads, less one row of each table."""
+    _, record = recorded
+    ran = [row for row in record["rows"] if row["available"]]
+    parts = ["linears", "head", "embed_tokens", "embed_tokens_per_layer", "norms and scalars", "kv caches"]
+    assert all(list(row["memory"]) == parts for row in ran)
+    assert len({tuple(row["memory"].values()) for row in ran}) == 1, [row["memory"] for row in ran]
+    held = ran[0]["memory"]
+    assert all(held[part] > 0 for part in ("linears", "embed_tokens", "embed_tokens_per_layer", "kv caches"))
+    whole = held["linears"] + held["head"] + held["norms and scalars"]
+    assert 0 < ran[0]["bytes_per_token"] - whole < held["embed_tokens"]
+
+
 def test_graphs_and_breaks_are_counted_by_dynamo_for_the_compile_way_only(recorded):
     _, record = recorded
     rows = {row["way"]: row for row in record["rows"]}

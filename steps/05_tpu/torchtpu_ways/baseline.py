@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import Checkpoint, DenseTable, PackedTable, TextConfig
+from .checkpoint import Checkpoint, DenseTable, PackedTable, TextConfig, nbytes
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -40,8 +40,8 @@ _one_row_in_aten = False  # set for an eager decode step by `one_row_in_aten`; r
 def one_row_in_aten(aten: bool):
     """Within: one-row linears (a decode step's) on ATen's mat-vec when `aten`, else on oneDNN's. On a CPU where
     torch hands bf16 matmuls to oneDNN (AVX-512, AMX), oneDNN is fast for a prompt chunk's rows and slow for one
-    row; ATen's kernel sums in another order, so an output now and then differs in its last bf16 bit (the Rust
-    engine's onednn.rs has the measurements)."""
+    row; ATen's kernel sums in another order, so an output now and then differs in its last bf16 bit (bench.py
+    times both kernels and counts the bits)."""
     global _one_row_in_aten
     before, _one_row_in_aten = _one_row_in_aten, aten
     try:
@@ -330,6 +330,10 @@ class Cache:
             for t in [*self.positions.values(), *(t for kv in self.layers if kv for t in kv)]:
                 torch._dynamo.mark_static_address(t)
 
+    def bytes(self) -> int:
+        """Bytes the caches hold: keys, values and the slot positions."""
+        return nbytes(*(t for kv in self.layers if kv for t in kv), *self.positions.values())
+
     def clear(self) -> None:
         """Every slot empty; the stale keys and values stay, masked."""
         for positions in self.positions.values():
@@ -461,22 +465,38 @@ class Baseline:
             allow_recompiles(ctx, cfg.sliding_window, self.decode_slots)
         # --8<-- [end:compile]
 
+    def read_whole(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors a decode step reads whole (not a row of a table), by part, as the Rust engine counts them:
+        linears (every layer's matrices and the per-layer projection), head, norms and scalars."""
+        inputs = self.per_layer_inputs
+        linears, norms = [inputs.model_projection], [inputs.projection_norm.weight, self.norm.weight]
+        for layer in self.layers:
+            attention, mlp, per_layer_input = layer.attention, layer.mlp, layer.per_layer_input
+            linears += [attention.q_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+                        per_layer_input.gate, per_layer_input.projection]
+            norms += [layer.input_norm.weight, attention.q_norm.weight, layer.post_attention_norm.weight,
+                      layer.pre_feedforward_norm.weight, layer.post_feedforward_norm.weight,
+                      layer.post_per_layer_input_norm.weight, layer.layer_scalar]
+            if attention.kv is not None:
+                linears += [attention.kv.k_proj, attention.kv.v_proj]
+                norms.append(attention.kv.k_norm.weight)
+        return {"linears": linears, "head": [self.lm_head], "norms and scalars": norms}
+
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as held (as the Rust engine counts them): every layer's
         matrices, norms and scalar, the per-layer projection, the final norm and head, one row of each table."""
-        inputs = self.per_layer_inputs
-        tensors = [inputs.model_projection, inputs.projection_norm.weight, self.norm.weight, self.lm_head]
-        for layer in self.layers:
-            attention, mlp, per_layer_input = layer.attention, layer.mlp, layer.per_layer_input
-            tensors += [attention.q_proj, attention.q_norm.weight, attention.o_proj, mlp.gate_proj, mlp.up_proj,
-                        mlp.down_proj, per_layer_input.gate, per_layer_input.projection, layer.layer_scalar]
-            norms = (layer.input_norm, layer.post_attention_norm, layer.pre_feedforward_norm,
-                     layer.post_feedforward_norm, layer.post_per_layer_input_norm)
-            tensors += [norm.weight for norm in norms]
-            if attention.kv is not None:
-                tensors += [attention.kv.k_proj, attention.kv.k_norm.weight, attention.kv.v_proj]
-        return (sum(t.numel() * t.element_size() for t in tensors)
-                + self.embed_tokens.row_bytes() + inputs.table.row_bytes())
+        whole = sum(nbytes(*tensors) for tensors in self.read_whole().values())
+        return whole + self.embed_tokens.row_bytes() + self.per_layer_inputs.table.row_bytes()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part, as the Rust engine's `memory()`: linears, head (0 when it is the embedding table
+        itself), embed_tokens, embed_tokens_per_layer, norms and scalars, kv caches."""
+        whole = {part: nbytes(*tensors) for part, tensors in self.read_whole().items()}
+        table = self.embed_tokens
+        tied = isinstance(table, DenseTable) and self.lm_head.data_ptr() == table.weight.data_ptr()
+        return {"linears": whole["linears"], "head": 0 if tied else whole["head"], "embed_tokens": table.bytes(),
+                "embed_tokens_per_layer": self.per_layer_inputs.table.bytes(),
+                "norms and scalars": whole["norms and scalars"], "kv caches": self.cache.bytes()}
 
     def layout(self) -> tuple[int, int, int, int]:
         """(full_rings, sliding_rings, shared_layers, sliding_ring_len), as the Rust engine's layout()."""

@@ -89,6 +89,11 @@ def unpack_int4(packed: torch.Tensor, scale: torch.Tensor, cols: int) -> torch.T
     return w.flatten(-2)
 
 
+def nbytes(*tensors: torch.Tensor) -> int:
+    """Bytes the tensors hold."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class DenseTable:
     """An embedding table as stored (bf16): rows are cast to the compute dtype when gathered."""
 
@@ -100,6 +105,9 @@ class DenseTable:
 
     def row_bytes(self) -> int:
         return self.weight.shape[1] * self.weight.element_size()
+
+    def bytes(self) -> int:
+        return nbytes(self.weight)
 
     def dequantize(self) -> torch.Tensor:
         return self.weight
@@ -116,6 +124,9 @@ class PackedTable:
 
     def row_bytes(self) -> int:
         return self.packed.shape[1] * self.packed.element_size() + self.scale.shape[1] * self.scale.element_size()
+
+    def bytes(self) -> int:
+        return nbytes(self.packed, self.scale)
 
     def dequantize(self) -> torch.Tensor:
         return unpack_int4(self.packed, self.scale, self.cols)

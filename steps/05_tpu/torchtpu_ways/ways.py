@@ -52,10 +52,10 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
             stop: list[int] | None = None) -> dict:
     """Run one way in a fresh process (`python -m torchtpu_ways.worker` under `python`) and return its row:
     way, torch, available, why, load_s, first_s, graphs, breaks, streamed_tok_s, batched_tok_s, peak_gb,
-    tokens, prompt_len, read_s, read_tok_s, decode_slots, attention_dtype, and memory (bytes held by part, from
-    engines that report it: step 07's; else None). `batched=False` skips the read-every-8 run; `cold="prefix"`
-    makes the cold run read only a prefix with the same chunk shapes (long prompts: one full read, not two);
-    `stop`: ids that end generation early (the checkpoint's eos ids), None for exactly `max_new` tokens."""
+    tokens, prompt_len, read_s, read_tok_s, decode_slots, attention_dtype, and memory (bytes held by part).
+    `batched=False` skips the read-every-8 run; `cold="prefix"` makes the cold run read only a prefix with the
+    same chunk shapes (long prompts: one full read, not two); `stop`: ids that end generation early (the
+    checkpoint's eos ids), None for exactly `max_new` tokens."""
     if way not in WAYS + OPTIONAL:
         raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}")
     if way == "rust-fused" and not tpu.is_tpu(str(device)):

@@ -86,10 +86,9 @@ def measure(args: argparse.Namespace) -> dict:
         "streamed_tok_s": tok_s(steps, decode_s),
         "batched_tok_s": tok_s(len(batched[0]) - 1, batched[2]) if batched else None,
         "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
-        # what decode's attention reads, for the bandwidth figure; and, from engines that itemize it (step 07),
-        # the bytes held by part
+        # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
-        "memory": model.memory() if hasattr(model, "memory") else None,
+        "memory": model.memory(),
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
     }
 

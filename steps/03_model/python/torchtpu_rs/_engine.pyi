@@ -93,6 +93,9 @@ class Engine:
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as held on the device."""
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: linears, head (0 when tied to embed_tokens as held), embed_tokens,
+        embed_tokens_per_layer, norms and scalars, kv caches. The rest of the process is the runtime."""
 
 def layout_for(config_json: str | PathLike[str], ctx: int) -> Layout: ...
 def filtered_probs(
