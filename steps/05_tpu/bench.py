@@ -220,7 +220,7 @@ def main() -> None:
     ids = prompt.encode(model, prompt.BENCH_PROMPT)
     bandwidth = memory_bandwidth_gb_s()
     print(f"E2B-shaped checkpoint (random weights), {len(ids)}-token prompt, {args.max_new} greedy tokens, "
-          f"{args.dtype}, ctx {ctx}, on {device}; median of {args.repeat} fresh processes per way")
+          f"{args.dtype}, ctx {ctx}, on {device}; median of {args.repeat} fresh processes per way, taking turns")
     print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s", flush=True)
     kernels, streamed = matvec_gb_s(), matvec_gb_s(streamed_gb=0.4)
     for weights, rates in (("warm in cache (best of 7 × 200 calls)", kernels),
@@ -235,21 +235,27 @@ def main() -> None:
 
     cfg = TextConfig.from_file(model / "config.json")
 
-    def measure(way: str, at: int) -> dict:
-        row = median_row([run_way(way, model, emb4, str(device), args.dtype, at, ids, args.max_new)
-                          for _ in range(args.repeat)])
-        if row["available"]:
-            row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row)
-            read = row["bytes_per_token"] + row["kv_bytes_per_token"]
-            row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
-        print(f"  {label(row)}, ctx {at}: done", flush=True)
-        return row
+    def measure(ways: list[str], at: int) -> list[dict]:
+        """A row per way: the medians of its `--repeat` fresh processes, the ways taking turns, so that a slow
+        minute of this shared machine falls on every way alike."""
+        runs = {way: [] for way in ways}
+        for turn in range(args.repeat):
+            for way in ways:
+                runs[way].append(run_way(way, model, emb4, str(device), args.dtype, at, ids, args.max_new))
+            print(f"  ctx {at}: turn {turn + 1} of {args.repeat} done", flush=True)
+        rows = [median_row(runs[way]) for way in ways]
+        for row in rows:
+            if row["available"]:
+                row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row)
+                read = row["bytes_per_token"] + row["kv_bytes_per_token"]
+                row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
+        return rows
 
-    rows = [measure(way, ctx) for way in args.ways.split(",")]
+    rows = measure(args.ways.split(","), ctx)
     by_way = {r["way"]: r for r in rows if r["available"]}
     # step 07's target at a short context: the ratio to Rust eager, measured side by side there too
     short_ways = ["rust-eager", "rust-int4"] if args.short_ctx and {"rust-eager", "rust-int4"} <= set(by_way) else []
-    short = {way: measure(way, args.short_ctx) for way in short_ways}
+    short = {row["way"]: row for row in measure(short_ways, args.short_ctx)} if short_ways else {}
     print(table(rows))
     print("\n".join(identity_lines(rows)))
     print(f"{'way':<28}{'weights GB / token':>19}{'KV GB / token':>15}{'bandwidth fraction':>20}")
