@@ -131,10 +131,11 @@ def variant(request, tiny, tiny_multimodal):
 
 # --8<-- [start:parity]
 def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model, kl, top5_agree):
-    """On the tiny random models (near-uniform logits, the worst case for agreement): the same five next tokens;
-    the next-token KL of int4 against the bf16 path of the same files under 1e-2, as is its KL against Transformers
-    in float32, where the bf16 path itself sits at the same distance. (Measured: 3e-3 to 7e-3 against bf16, so
-    the issue's 1e-3 is not met here; see the step's page.)"""
+    """On the tiny random models (near-uniform logits, the worst case for agreement), in bf16 arithmetic: the same
+    five next tokens; the next-token KL of int4 against the bf16 path of the same files under 1e-2, as is its KL
+    against Transformers in float32, where the bf16 path itself sits at the same distance. (Measured: 3e-3 to
+    7e-3 against bf16, over the 1e-3 the step set itself: the bf16 roundings of every activation, not the
+    weights, make most of it — see the float32 test below.)"""
     name, model, emb4, reference = variant
     int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4")
     bf16 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="bf16")
@@ -151,6 +152,21 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model,
     if emb4 is None:  # greedy text: the same start (near-ties of a random model part it later, at 23 of 32 here)
         same = same_prefix(int4.generate(PROMPTS[1], 32)[0], bf16.generate(PROMPTS[1], 32)[0])
         assert same >= 8, (name, same)
+
+
+def test_in_float32_arithmetic_int4_is_within_1e_3_of_bf16(variant, kl):
+    """With float32 arithmetic the two paths differ only in their weights — q · scale exact (the int4 kernel) or
+    rounded once to bf16 (compressed-tensors' dequantization) — and on the tiny random models the next-token KL
+    stays under 1e-3, a tenth of what the same weights give in bf16 arithmetic. (Two near-tied tokens of the
+    five most likely may swap places here: the top-5 test is the bf16 one above.)"""
+    name, model, emb4, _ = variant
+    int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, "float32", weights="int4")
+    bf16 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, "float32", weights="bf16")
+    assert (int4.weights, bf16.weights) == ("int4", "bf16")
+    for ids in PROMPTS:
+        last = [len(ids) - 1]
+        a, b = int4.logits(ids, last)[0], bf16.logits(ids, last)[0]
+        assert kl(b, a) <= 1e-3, (name, kl(b, a))
 # --8<-- [end:parity]
 
 
