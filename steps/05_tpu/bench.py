@@ -10,29 +10,27 @@ The checkpoint is the random E2B-shaped one (made once, cached: about 9 GB, minu
 are noise, the speeds and the memory are real.
 """
 import argparse
-import time
+import contextlib
 
 import torch
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
-from torchtpu_ways.baseline import decode_slots_for, linear, one_row_in_aten
+from torchtpu_ways.bandwidth import best_seconds, kv_bytes_per_token, memory_bandwidth_gb_s
+from torchtpu_ways.baseline import linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
 from torchtpu_ways.ways import WAYS, label, median_row, run_way
 
 
-# --8<-- [start:bandwidth]
-def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
-    """A large copy, best of `tries`: every byte is read once and written once."""
-    src = torch.ones(gib * 2**30, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(tries):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() / best / 1e9
-# --8<-- [end:bandwidth]
+@contextlib.contextmanager
+def onednn_on(enabled: bool):
+    """oneDNN on or off for a block (torch.backends.mkldnn.flags() would also set TF32, with a warning)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = enabled
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 # --8<-- [start:kernels]
@@ -64,30 +62,23 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
         "bf16 ATen": (bf16, aten),
         "int4": (int4, lambda w: torch._weight_int4pack_mm_for_cpu(x, w[0], group, w[1])),
     }
-    rates = {}
-    for name, (make, call) in kernels.items():
+
+    def gb_s(make, call) -> float:  # the weights' copies are freed when it returns, before the next kernel's
         first = make()
         nbytes = sum(t.nbytes for t in first) if isinstance(first, tuple) else first.nbytes
         weights = [first] + [make() for _ in range(round(streamed_gb * 1e9 / nbytes) - 1)]
         each = max(calls, len(weights))
-        call(first)
-        best = float("inf")
-        for _ in range(tries):
-            start = time.perf_counter()
-            for i in range(each):
-                call(weights[i % len(weights)])
-            best = min(best, (time.perf_counter() - start) / each)
-        rates[name] = nbytes / best / 1e9
-        del weights
-    return rates
+        return nbytes * each / best_seconds(lambda: [call(weights[i % len(weights)]) for i in range(each)],
+                                            tries) / 1e9
+
+    return {name: gb_s(make, call) for name, (make, call) in kernels.items()}
 
 
-def where_onednn_stays(tries: int = 3) -> dict:
+def onednn_against_aten_ms(tries: int = 3) -> dict[str, dict[str, float]]:
     """What the ways leave on oneDNN, timed through it and through ATen's own bf16 kernels (oneDNN switched off),
     best of `tries` (ms): one prompt chunk's product (512 rows × [6144 × 1536]) and one full-attention layer's
     decode attention over 32,768 slots (E2B: 8 query heads on one KV head of 512; the scores k · qᵀ and the
-    weighted sum p · v, as the ways compute them). And how many outputs of 64 mat-vecs (64 × 6,144) the two
-    kernels round differently (`bits apart`)."""
+    weighted sum p · v, as the ways compute them)."""
     torch.manual_seed(0)
     chunk, weight = torch.randn(512, 1536, dtype=torch.bfloat16), torch.randn(6144, 1536, dtype=torch.bfloat16)
     keys, values = (torch.randn(1, 32768, 512, dtype=torch.bfloat16) for _ in range(2))
@@ -95,53 +86,25 @@ def where_onednn_stays(tries: int = 3) -> dict:
     probs = torch.softmax(torch.randn(1, 8, 32768), -1).to(torch.bfloat16)
     products = {"prompt chunk": lambda: torch.nn.functional.linear(chunk, weight),
                 "decode attention": lambda: (keys.matmul(q.transpose(1, 2)), probs.matmul(values))}
-    times, before = {}, torch.backends.mkldnn.enabled
-    try:
-        for name, call in products.items():
-            for kernel, onednn in (("oneDNN", True), ("ATen", False)):
-                torch.backends.mkldnn.enabled = onednn
-                call()
-                best = float("inf")
-                for _ in range(tries):
-                    start = time.perf_counter()
-                    call()
-                    best = min(best, time.perf_counter() - start)
-                times.setdefault(name, {})[kernel] = best * 1e3
-        rows = {}
+    times = {}
+    for name, call in products.items():
         for kernel, onednn in (("oneDNN", True), ("ATen", False)):
-            torch.backends.mkldnn.enabled = onednn
-            rows[kernel] = torch.cat([torch.nn.functional.linear(row, weight) for row in chunk[:64].split(1)])
-        times["bits apart"] = int((rows["oneDNN"] != rows["ATen"]).sum())
-    finally:
-        torch.backends.mkldnn.enabled = before
+            with onednn_on(onednn):
+                times.setdefault(name, {})[kernel] = best_seconds(call, tries) * 1e3
     return times
+
+
+def matvec_bits_apart(rows: int = 64) -> int:
+    """How many outputs of `rows` E2B mat-vecs (each a bf16 row × [6144 × 1536]) oneDNN and ATen's mat-vec round
+    to different bf16 values: why the ways' decode steps are not bit for bit what Transformers' are."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(rows, 1536, dtype=torch.bfloat16), torch.randn(6144, 1536, dtype=torch.bfloat16)
+    out = {}
+    for kernel, onednn in (("oneDNN", True), ("ATen", False)):
+        with onednn_on(onednn):
+            out[kernel] = torch.cat([torch.nn.functional.linear(row, weight) for row in x.split(1)])
+    return int((out["oneDNN"] != out["ATen"]).sum())
 # --8<-- [end:kernels]
-
-
-def kv_cache_gb(model_dir, ctx: int, dtype: str) -> float:
-    """What the caches hold: keys and values of every layer that owns a cache (KV-shared layers read another's),
-    ctx slots in a full-attention ring, 2 · window in a sliding one."""
-    cfg = TextConfig.from_file(model_dir / "config.json")
-    slots = {True: ctx, False: 2 * cfg.sliding_window}
-    size = 2 if dtype == "bfloat16" else 4
-    return sum(2 * cfg.kv_heads_of(i) * slots[cfg.is_full(i)] * cfg.head_dim_of(i) * size
-               for i in range(cfg.first_shared)) / 1e9
-
-
-# --8<-- [start:kv_read]
-def kv_bytes_per_token(cfg: TextConfig, ctx: int, row: dict) -> float:
-    """The cached keys and values one decode step of `row` reads, averaged over its decode steps: every layer
-    (a KV-shared one reads its source's cache) attends over its whole sliding ring, or over the full cache's
-    slots its `decode_slots` rule gives at that position, in its attention dtype."""
-    size = 4 if row["attention_dtype"] == "float32" else 2
-    positions = range(row["prompt_len"], row["prompt_len"] + len(row["tokens"]) - 1)
-    total = 0
-    for pos in positions:
-        full = decode_slots_for(pos, cfg.sliding_window, ctx, row["decode_slots"])
-        total += sum(2 * cfg.kv_heads_of(i) * (full if cfg.is_full(i) else 2 * cfg.sliding_window)
-                     * cfg.head_dim_of(i) * size for i in range(cfg.num_hidden_layers))
-    return total / max(len(positions), 1)
-# --8<-- [end:kv_read]
 
 
 def memory_line(row: dict) -> str:
@@ -227,11 +190,11 @@ def main() -> None:
                            ("streamed from memory (0.4 GB of distinct copies, best of 7 × 200 calls)", streamed)):
         each = [f"{name} {rate:.1f} GB/s ({rate / bandwidth:.2f} of the copy)" for name, rate in rates.items()]
         print(f"one [6144 × 1536] mat-vec, {weights}: " + ", ".join(each), flush=True)
-    kept = where_onednn_stays()
+    kept, apart = onednn_against_aten_ms(), matvec_bits_apart()
     print("left on oneDNN (best of 3): " + ", ".join(
         f"{name} {t['oneDNN']:.1f} ms (ATen {t['ATen']:.1f} ms, {t['ATen'] / t['oneDNN']:.0f}x slower)"
-        for name, t in kept.items() if name != "bits apart")
-        + f"; 64 mat-vecs through each round {kept['bits apart']} of {64 * 6144} outputs apart", flush=True)
+        for name, t in kept.items())
+        + f"; 64 mat-vecs through each round {apart} of {64 * 6144} outputs apart", flush=True)
 
     cfg = TextConfig.from_file(model / "config.json")
 
@@ -266,10 +229,9 @@ def main() -> None:
     # the caches are held in the dtype attention computes in: the ways share its default (float32 where this
     # CPU's bf16 matmul is slow)
     attention = next((r["attention_dtype"] for r in rows if r["available"]), args.dtype)
-    held_in = f" (held in {attention}, the dtype attention computes in on this CPU)" if attention != args.dtype else ""
-    print(f"KV caches held by every way: {kv_cache_gb(model, ctx, attention):.2f} GB{held_in}; the rest of the peak "
-          f"is the weights as held (about the weights read per token) plus the runtime")
-    print("\n".join(memory_line(row) for row in rows if row.get("memory")))
+    print(f"what each way holds, by part (its memory()), the caches in {attention}, the dtype attention computes "
+          f"in on this CPU:")
+    print("\n".join(memory_line(row) for row in rows if row["available"]))
     for row in short.values():
         print(f"at ctx {args.short_ctx}: {label(row)} decodes {row['streamed_tok_s']:.1f} tok/s streamed, "
               f"peak {row['peak_gb']:.2f} GB")
@@ -282,8 +244,8 @@ def main() -> None:
         records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
                            dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
-                           matvec_gb_s=kernels, matvec_streamed_gb_s=streamed, left_on_onednn=kept,
-                           kv_cache_gb=kv_cache_gb(model, ctx, attention), rows=rows, short_ctx=args.short_ctx,
+                           matvec_gb_s=kernels, matvec_streamed_gb_s=streamed, onednn_against_aten_ms=kept,
+                           matvec_bits_apart=apart, rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)
     chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
     if chart_path:

@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+from torchtpu_ways import bandwidth
 from torchtpu_ways.checkpoint import TextConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "bench.py"
@@ -22,12 +23,12 @@ def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(ti
     # all: every step reads the whole of each cache it attends over, KV-shared layers included
     whole = sum(2 * cfg.kv_heads_of(i) * (ctx if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
                 for i in range(cfg.num_hidden_layers))
-    assert bench.kv_bytes_per_token(cfg, ctx, row("all")) == whole
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("all")) == whole
     # bucket: a short prompt's steps see one chunk of each full cache
     first = sum(2 * cfg.kv_heads_of(i) * (cfg.sliding_window if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
                 for i in range(cfg.num_hidden_layers))
-    assert bench.kv_bytes_per_token(cfg, ctx, row("bucket", prompt_len=3)) == first
-    assert bench.kv_bytes_per_token(cfg, ctx, row("bucket", "float32", prompt_len=3)) == 2 * first
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("bucket", prompt_len=3)) == first
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("bucket", "float32", prompt_len=3)) == 2 * first
 
 
 def test_the_memory_line_names_each_part_and_the_runtime():

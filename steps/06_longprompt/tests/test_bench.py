@@ -56,19 +56,21 @@ def test_read_flops(tiny_text):
                                            + n * n_sliding * per_key["sliding"] * 2 * window + head)
 
 
-def row(way, length, read, decode):
+def row(way, length, read, decode, decode_fraction=0.4):
     return {"way": way, "length": length, "available": True, "prompt_tokens": length, "read_tok_s": read,
-            "decode_tok_s": decode}
+            "decode_tok_s": decode, "decode_fraction": decode_fraction}
 
 
 def test_targets_are_met_or_missed():
-    rows = [row("rust-eager", 60, 10, 2.0), row("python-compile", 60, 10, 2.0),
-            row("rust-eager", 4000, 8, 1.5), row("python-compile", 4000, 10, 2.0)]
+    rows = [row("rust-eager", 60, 10, 2.0, 0.6), row("python-compile", 60, 10, 2.0),
+            row("rust-eager", 4000, 8, 1.5, 0.3), row("python-compile", 4000, 10, 2.0)]
     checks = {name: value >= bound for name, value, _, bound in bench.targets(rows, [60, 4000])}
     assert checks == {"Rust eager read / Python compile read, 60-token prompt": True,
                       "Rust eager read / Python compile read, 4000-token prompt": False,
                       "Rust eager decode, longest prompt / shortest": False,
-                      "Python compile decode, longest prompt / shortest": True}
+                      "Python compile decode, longest prompt / shortest": True,
+                      "Rust eager decode / bandwidth limit, 60-token prompt": True,
+                      "Rust eager decode / bandwidth limit, 4000-token prompt": False}
 
 
 def test_targets_judge_only_the_ways_asked_for():
@@ -76,11 +78,15 @@ def test_targets_judge_only_the_ways_asked_for():
             row("rust-eager", 4000, 8, 1.9), row("rust-int4", 4000, 4, 3.0)]
     checks = {name: round(value, 2) for name, value, *_ in bench.targets(rows, [60, 4000])}
     assert checks == {"Rust eager decode, longest prompt / shortest": 0.95,
-                      "Rust int4 decode, longest prompt / shortest": 0.5}
+                      "Rust int4 decode, longest prompt / shortest": 0.5,
+                      "Rust eager decode / bandwidth limit, 60-token prompt": 0.4,
+                      "Rust eager decode / bandwidth limit, 4000-token prompt": 0.4}
     gone = [dict(r, available=False) if r["way"] == "rust-int4" else r for r in rows]  # asked, could not run
     assert dict((name, value) for name, value, *_ in bench.targets(gone, [60, 4000])) == {
         "Rust eager decode, longest prompt / shortest": pytest.approx(0.95),
-        "Rust int4 decode, longest prompt / shortest": None}
+        "Rust int4 decode, longest prompt / shortest": None,
+        "Rust eager decode / bandwidth limit, 60-token prompt": 0.4,
+        "Rust eager decode / bandwidth limit, 4000-token prompt": 0.4}
 
 
 def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
@@ -92,8 +98,13 @@ def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     assert "targets (ratios from this run):" in proc.stdout
     r = json.loads(out.read_text())
     assert r["matmul_flop_s"] > 0 and r["linear_weights"] > 0 and r["lengths"] == [40, 600]
+    assert r["bandwidth_gb_s"] > 0
     ran = [x for x in r["rows"] if x["available"]]
     assert len(ran) == 4 and all(0 < x["read_fraction"] and x["gflop_per_token"] > 0 for x in ran)
+    # a decode step reads at least the weights it holds, and more after the longer prompt (more slots attended)
+    assert all(x["decode_bytes_per_token"] > x["bytes_per_token"] and x["decode_fraction"] > 0 for x in ran)
+    eager = {x["length"]: x["decode_bytes_per_token"] for x in ran if x["way"] == "rust-eager"}
+    assert eager[600] > eager[40]
     assert [len(x["read_tok_s_runs"]) for x in ran] == [2, 2, 1, 1] and r["repeats"] == [2, 1]
     assert {t["target"] for t in r["targets"]} >= {"Rust eager decode, longest prompt / shortest"}
     assert (tmp_path / "bench.png").stat().st_size > 10_000

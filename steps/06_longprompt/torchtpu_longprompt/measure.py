@@ -25,7 +25,10 @@ def measure(way: str, prompt: Prompt, tokenizer, model, emb4, device: str, dtype
             "prompt_tokens": len(prompt.ids), "records": prompt.records, "asked": prompt.asked,
             "read_s": r["read_s"], "read_tok_s": r["read_tok_s"], "decode_tok_s": r["streamed_tok_s"],
             "answer": answer, "expected": prompt.expected,
-            "found": answer == prompt.expected if r["available"] else None, "tokens": r["tokens"]}
+            "found": answer == prompt.expected if r["available"] else None, "tokens": r["tokens"],
+            # what a decode step reads, for the bandwidth figure: the weights as held, and the cache's slots
+            "prompt_len": len(prompt.ids), "bytes_per_token": r["bytes_per_token"],
+            "decode_slots": r["decode_slots"], "attention_dtype": r["attention_dtype"]}
 # --8<-- [end:measure]
 
 

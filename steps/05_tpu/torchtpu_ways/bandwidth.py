@@ -1,0 +1,52 @@
+"""What a decode step reads, and how fast this machine reads: the bandwidth limit both benchmarks (step 05's and
+step 06's) measure every way's decode against.
+
+    gb_s = memory_bandwidth_gb_s()                   # a 2 GiB copy, best of 5
+    kv = kv_bytes_per_token(cfg, ctx, row)           # the cached keys and values a decode step of `row` reads
+    fraction = tok_s * (row["bytes_per_token"] + kv) / (gb_s * 1e9)
+"""
+import time
+from collections.abc import Callable
+
+import torch
+
+from .baseline import decode_slots_for
+from .checkpoint import TextConfig
+
+
+def best_seconds(call: Callable[[], object], tries: int) -> float:
+    """The fastest of `tries` timed calls (after one untimed call that sets the kernel up): the least a shared
+    machine's other work got in the way."""
+    call()
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# --8<-- [start:bandwidth]
+def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
+    """A large copy, best of `tries`: every byte is read once and written once."""
+    src = torch.ones(gib * 2**30, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), tries) / 1e9
+# --8<-- [end:bandwidth]
+
+
+# --8<-- [start:kv_read]
+def kv_bytes_per_token(cfg: TextConfig, ctx: int, row: dict) -> float:
+    """The cached keys and values one decode step of `row` (a way's run: its prompt length, tokens,
+    `decode_slots` and attention dtype) reads, averaged over its decode steps: every layer (a KV-shared one reads
+    its source's cache) attends over its whole sliding ring, or over the full cache's slots its `decode_slots`
+    rule gives at that position, in its attention dtype."""
+    size = 4 if row["attention_dtype"] == "float32" else 2
+    positions = range(row["prompt_len"], row["prompt_len"] + len(row["tokens"]) - 1)
+    total = 0
+    for pos in positions:
+        full = decode_slots_for(pos, cfg.sliding_window, ctx, row["decode_slots"])
+        total += sum(2 * cfg.kv_heads_of(i) * (full if cfg.is_full(i) else 2 * cfg.sliding_window)
+                     * cfg.head_dim_of(i) * size for i in range(cfg.num_hidden_layers))
+    return total / max(len(positions), 1)
+# --8<-- [end:kv_read]
