@@ -28,7 +28,7 @@ DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in i
 
 
 # --8<-- [start:flops]
-def matmul_flop_s(m: int, k: int, n: int, tries: int = 5) -> float:
+def matmul_flop_s(m: int, k: int, n: int, tries: int = 20) -> float:
     """The bf16 matrix-multiply rate of a prompt chunk's linear (m rows through an [n, k] weight, stored as the
     checkpoint's linears are: x · Wᵀ), best of `tries`. The layout matters: on this CPU kept to AVX2, the same
     product with the weight stored [k, n] took a path tens of times slower."""
@@ -176,8 +176,8 @@ def main() -> None:
     name = "E2B-shaped" if args.size == "e2b" else "tiny"
     print(f"{name} checkpoint (random weights), ctx {ctx}, {DTYPE}, on {device}; prompts of {lengths} "
           f"tokens, {args.max_new} greedy tokens; fresh processes, the ways taking turns, medians of {repeats} runs")
-    print(f"bf16 matmul rate (a [{text['sliding_window']}, {text['hidden_size']}] @ [{text['hidden_size']}, "
-          f"{text['intermediate_size']}] product, best of 5): {rate / 1e9:.0f} GFLOP/s; "
+    print(f"bf16 matmul rate (a prompt chunk's linear: {text['sliding_window']} rows × [{text['intermediate_size']} × "
+          f"{text['hidden_size']}], best of 20): {rate / 1e9:.0f} GFLOP/s; "
           f"{linear / 1e9:.2f} G linear weights per token", flush=True)
     print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s", flush=True)
 
