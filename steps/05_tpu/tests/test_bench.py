@@ -12,9 +12,8 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-def row(decode_slots="bucket", attention_dtype="bfloat16", prompt_len=19, steps=4):
-    return {"way": "rust-int4", "torch": "2.13.0", "prompt_len": prompt_len, "tokens": list(range(steps + 1)),
-            "decode_slots": decode_slots, "attention_dtype": attention_dtype}
+def row():
+    return {"way": "rust-int4", "torch": "2.13.0"}
 
 
 def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(tiny):
@@ -23,12 +22,12 @@ def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(ti
     # all: every step reads the whole of each cache it attends over, KV-shared layers included
     whole = sum(2 * cfg.kv_heads_of(i) * (ctx if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
                 for i in range(cfg.num_hidden_layers))
-    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("all")) == whole
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, 19, 4, "all", "bfloat16") == whole
     # bucket: a short prompt's steps see one chunk of each full cache
     first = sum(2 * cfg.kv_heads_of(i) * (cfg.sliding_window if cfg.is_full(i) else ring) * cfg.head_dim_of(i) * 2
                 for i in range(cfg.num_hidden_layers))
-    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("bucket", prompt_len=3)) == first
-    assert bandwidth.kv_bytes_per_token(cfg, ctx, row("bucket", "float32", prompt_len=3)) == 2 * first
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16") == first
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "float32") == 2 * first
 
 
 def test_the_memory_line_names_each_part_and_the_runtime():

@@ -2,7 +2,7 @@
 step 06's) measure every way's decode against.
 
     gb_s = memory_bandwidth_gb_s()                   # a 2 GiB copy, best of 5
-    kv = kv_bytes_per_token(cfg, ctx, row)           # the cached keys and values a decode step of `row` reads
+    kv = kv_bytes_per_token(cfg, ctx, prompt_len, steps, decode_slots, attention_dtype)  # a decode step's KV reads
     fraction = tok_s * (row["bytes_per_token"] + kv) / (gb_s * 1e9)
 """
 import time
@@ -36,16 +36,16 @@ def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
 
 
 # --8<-- [start:kv_read]
-def kv_bytes_per_token(cfg: TextConfig, ctx: int, row: dict) -> float:
-    """The cached keys and values one decode step of `row` (a way's run: its prompt length, tokens,
-    `decode_slots` and attention dtype) reads, averaged over its decode steps: every layer (a KV-shared one reads
-    its source's cache) attends over its whole sliding ring, or over the full cache's slots its `decode_slots`
-    rule gives at that position, in its attention dtype."""
-    size = 4 if row["attention_dtype"] == "float32" else 2
-    positions = range(row["prompt_len"], row["prompt_len"] + len(row["tokens"]) - 1)
+def kv_bytes_per_token(cfg: TextConfig, ctx: int, prompt_len: int, steps: int, decode_slots: str,
+                       attention_dtype: str) -> float:
+    """The cached keys and values one of `steps` decode steps after a prompt of `prompt_len` tokens reads, on
+    average: every layer (a KV-shared one reads its source's cache) attends over its whole sliding ring, or over
+    the full cache's slots its `decode_slots` rule gives at that position, in its attention dtype."""
+    size = 4 if attention_dtype == "float32" else 2
+    positions = range(prompt_len, prompt_len + steps)
     total = 0
     for pos in positions:
-        full = decode_slots_for(pos, cfg.sliding_window, ctx, row["decode_slots"])
+        full = decode_slots_for(pos, cfg.sliding_window, ctx, decode_slots)
         total += sum(2 * cfg.kv_heads_of(i) * (full if cfg.is_full(i) else 2 * cfg.sliding_window)
                      * cfg.head_dim_of(i) * size for i in range(cfg.num_hidden_layers))
     return total / max(len(positions), 1)

@@ -27,7 +27,7 @@ def measure(way: str, prompt: Prompt, tokenizer, model, emb4, device: str, dtype
             "answer": answer, "expected": prompt.expected,
             "found": answer == prompt.expected if r["available"] else None, "tokens": r["tokens"],
             # what a decode step reads, for the bandwidth figure: the weights as held, and the cache's slots
-            "prompt_len": len(prompt.ids), "bytes_per_token": r["bytes_per_token"],
+            "bytes_per_token": r["bytes_per_token"],
             "decode_slots": r["decode_slots"], "attention_dtype": r["attention_dtype"]}
 # --8<-- [end:measure]
 
