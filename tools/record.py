@@ -13,6 +13,8 @@ usage: python tools/record.py [NAME ...] [--device auto|tpu|cuda|cpu]     (no NA
                                                                              then the notebook)
        python tools/record.py notebook                                   (the notebook alone)
        python tools/record.py --list tools/bench.txt --folder cpu-e2b     (make bench: the benchmarks)
+       python tools/record.py --list tools/bench.txt --folder cpu-e2b-amx 05_tpu   (one of them, kept apart)
+A list's arguments may name `{folder}`, the output folder (docs/runs/cpu-e2b), so a chart lands beside its record.
 """
 import argparse
 import json
@@ -48,6 +50,8 @@ def record(name: str, script: str, args: list[str], device: str, out: Path) -> N
     partial = out / f".{name}.json.partial"  # renamed into place only when the run succeeds
     own_device = "--device" in args  # e.g. parity, which runs on the CPU wherever it is recorded
     script = f"steps/{script}" if "/" in script else f"steps/{script}/run.py"  # a step folder means its run.py
+    folder = str(out.relative_to(ROOT))  # a list's `{folder}` (say, in `--chart {folder}/05_tpu.png`) is this
+    args = [arg.replace("{folder}", folder) for arg in args]
     cmd = ["python", script, *([] if own_device else ["--device", device]), *args]
     command = records.env_prefix(records.cpu_limits()) + shlex.join(cmd)  # as typed, any CPU limits included
     print(f"$ {command}", flush=True)
