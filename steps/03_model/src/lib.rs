@@ -109,7 +109,8 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
 /// matvec: the kernel for a decode step's linears (one row each) on a CPU: "aten" (ATen's mat-vec, with oneDNN
-///     switched off for the call: about twice as fast where torch hands bf16 to oneDNN, AVX-512 or AMX) or
+///     switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same on an
+///     AMX Xeon — step 05's bench times both) or
 ///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
 ///     bit, its sums being added in another order). Prompt chunks and attention use oneDNN either way.
 ///

@@ -118,7 +118,8 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
 ///     was taken and `engine.weights_reason` why.
 /// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
-///     oneDNN switched off for the call: about twice as fast where torch hands bf16 to oneDNN, AVX-512 or AMX) or
+///     oneDNN switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same
+///     on an AMX Xeon — step 05's bench times both) or
 ///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
 ///     bit, its sums being added in another order). The int4 kernel is ATen's either way.
 ///

@@ -42,8 +42,9 @@ class Engine:
         attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
-        matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call: about
-        twice as fast where torch hands bf16 to oneDNN) or "onednn" (Transformers' decode kernel, bit for bit)."""
+        matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call: twice
+        oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
+        (Transformers' decode kernel, bit for bit)."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property

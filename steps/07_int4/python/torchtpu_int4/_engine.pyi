@@ -49,8 +49,8 @@ class Engine:
         where it does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs
         and dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
         matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
-        about twice as fast where torch hands bf16 to oneDNN) or "onednn" (Transformers' decode kernel, bit for
-        bit). The int4 kernel is ATen's either way."""
+        twice oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
+        (Transformers' decode kernel, bit for bit). The int4 kernel is ATen's either way."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
