@@ -1,4 +1,5 @@
 """A record's header says where it ran — and, when torch was told to use less of the CPU than it has, says so."""
+import pytest
 from torchtpu_rs import records
 
 
@@ -22,12 +23,18 @@ def test_a_run_limited_to_avx2_says_so_as_a_command_prefix(monkeypatch):
     assert records.env_prefix({}) == ""
 
 
-def test_the_header_names_the_bf16_matmul_hardware_torch_does_not():
-    # torch reports AVX512 on an AMX Xeon and on an AMD EPYC alike; bf16 matmul runs at very different rates
-    flags = records._cpuinfo("flags").split()
-    expected = "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
+@pytest.mark.parametrize("flags, hardware", [("fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AMX"),
+                                             ("fpu avx2 avx512f avx512_bf16", "AVX512-BF16"),
+                                             ("fpu avx2 fma", None)])
+def test_the_header_names_the_bf16_matmul_hardware_torch_does_not(monkeypatch, flags, hardware):
+    # torch reports AVX512 on an AMX Xeon and on an AMD EPYC alike; their bf16 matmuls run at very different rates
+    monkeypatch.setattr(records, "_cpuinfo", lambda field: flags if field == "flags" else "Some CPU")
     meta = records.meta("cpu")
-    assert meta["bf16_matmul_hardware"] == expected
-    first = records.header({**meta, "bf16_matmul_hardware": "AMX"}).splitlines()[0]
-    assert f", {meta['cpu_capability']}, AMX, {meta['cores']} cores)" in first
-    assert "AMX" not in records.header({**meta, "bf16_matmul_hardware": None}).splitlines()[0]
+    assert meta["bf16_matmul_hardware"] == hardware
+    first = records.header(meta).splitlines()[0]
+    assert first.endswith(f"(Some CPU, {meta['cpu_capability']}{f', {hardware}' if hardware else ''}, "
+                          f"{meta['cores']} cores)")
+
+
+def test_cpuinfo_reads_this_machines_model_and_flags():
+    assert records.cpu_model() != "unknown" and records._cpuinfo("flags")

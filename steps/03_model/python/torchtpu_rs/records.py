@@ -32,7 +32,7 @@ def cpu_model() -> str:
 
 def bf16_matmul_hardware() -> str | None:
     """The CPU's bf16 matrix hardware, which torch's capability does not name (an AMX Xeon reports AVX512, as an
-    AMD EPYC does): "AMX", "AVX512-BF16", or None (AVX2-only CPUs, where bf16 matmul runs 5 times slower)."""
+    AMD EPYC does): "AMX", "AVX512-BF16", or None (AVX2-only CPUs: no bf16 matmul hardware at all)."""
     flags = _cpuinfo("flags").split()
     return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
 
