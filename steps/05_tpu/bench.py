@@ -11,6 +11,7 @@ are noise, the speeds and the memory are real.
 """
 import argparse
 import contextlib
+import importlib.util
 
 import torch
 from torchtpu_rs import checkpoints, cli, devices, records
@@ -37,9 +38,10 @@ def onednn_on(enabled: bool):
 def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, calls: int = 200,
                 streamed_gb: float = 0.0) -> dict:
     """One E2B MLP mat-vec ([6144 × 1536], a bf16 activation row) called again and again, best of `tries`: the
-    bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel, the one step
-    07 calls) over its time. bf16 twice: through oneDNN, as torch picks by default (and Transformers decodes), and
-    through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The weights stay warm in the
+    bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel; or, with step
+    07 installed on a CPU with AVX512-BF16, nibbles + float32 scales for its own, torchtpu_dot4_mm, the one its
+    Engine takes there) over its time. bf16 twice: through oneDNN, as torch picks by default (and Transformers
+    decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The weights stay warm in the
     CPU's caches, so this is the kernel's best case: a way whose weights come from memory reads them no faster
     than this, however fast the memory is. With `streamed_gb`, each call takes the next of distinct copies of the
     weights, about that many GB of them per kernel, so the weights come from memory, as a decode step's do."""
@@ -60,12 +62,21 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
     kernels = {
         "bf16 oneDNN": (bf16, lambda weight: torch.nn.functional.linear(x, weight)),
         "bf16 ATen": (bf16, aten),
-        "int4": (int4, lambda w: torch._weight_int4pack_mm_for_cpu(x, w[0], group, w[1])),
+        "int4 ATen": (int4, lambda w: torch._weight_int4pack_mm_for_cpu(x, w[0], group, w[1])),
     }
+    if importlib.util.find_spec("torchtpu_int4"):  # step 07's kernel; steps 04-06 never need step 07
+        import torchtpu_int4
+
+        def dot4():
+            words = torch.randint(-2**31, 2**31, (n, k // 8), dtype=torch.int32)
+            return torchtpu_int4.Int4Linear(words, torch.rand(n, k // group).to(torch.bfloat16), k, matmul="dot4")
+
+        if torchtpu_int4.dot4_runs():
+            kernels["int4 dot4 (step 07)"] = (dot4, lambda w: w(x))
 
     def gb_s(make, call) -> float:  # the weights' copies are freed when it returns, before the next kernel's
         first = make()
-        nbytes = sum(t.nbytes for t in first) if isinstance(first, tuple) else first.nbytes
+        nbytes = sum(t.nbytes for t in first) if isinstance(first, tuple) else first.nbytes  # Int4Linear too
         weights = [first] + [make() for _ in range(round(streamed_gb * 1e9 / nbytes) - 1)]
         each = max(calls, len(weights))
         return nbytes * each / best_seconds(lambda: [call(weights[i % len(weights)]) for i in range(each)],
@@ -233,6 +244,7 @@ def main() -> None:
     print(f"what each way holds, by part (its memory()), the caches in {attention}, the dtype attention computes "
           f"in on this CPU:")
     print("\n".join(memory_line(row) for row in rows if row["available"]))
+    print("\n".join(f"{label(row)}: {row['weights_reason']}" for row in rows if row.get("weights_reason")))
     for row in short.values():
         print(f"at ctx {args.short_ctx}: {label(row)} decodes {row['streamed_tok_s']:.1f} tok/s streamed, "
               f"peak {row['peak_gb']:.2f} GB")

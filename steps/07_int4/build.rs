@@ -19,8 +19,16 @@ fn main() {
 
     // torch's oneDNN switch, which tch does not wrap (see src/onednn.rs), against this torch's headers.
     let include = ask_python("import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))");
-    cc::Build::new().cpp(true).std("c++17").include(include).warnings(false).file("src/onednn.cpp").compile("onednn");
+    cc::Build::new().cpp(true).std("c++17").include(&include).warnings(false).file("src/onednn.cpp").compile("onednn");
     println!("cargo:rerun-if-changed=src/onednn.cpp");
+    // This step's int4 kernel (see src/dot4.rs). It splits its rows with at::parallel_for, which ATen's headers
+    // implement with OpenMP: compiled with -fopenmp, it runs on torch's own thread pool (torch's libgomp, found
+    // through the rpath above), so torch.set_num_threads sets its threads too.
+    let mut dot4 = cc::Build::new();
+    dot4.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
+    dot4.file("src/dot4.cpp").compile("dot4");
+    println!("cargo:rustc-link-lib=gomp");
+    println!("cargo:rerun-if-changed=src/dot4.cpp");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

@@ -23,7 +23,7 @@ BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
 
 def load(way: str, model: str, emb4: str | None, device: torch.device, ctx: int, dtype: str):
     """The model a way runs: the Rust Engine (fused or eager is the process's TorchTPU mode) or the baseline."""
-    if way == "rust-int4":  # step 07: linears kept 4-bit for ATen's int4 kernel
+    if way == "rust-int4":  # step 07: linears kept 4-bit for an int4 kernel (its own where the CPU has AVX512-BF16)
         import torchtpu_int4
 
         return torchtpu_int4.Engine(model, emb4, torch.empty(0, device=device), ctx, dtype, weights="int4")
@@ -89,6 +89,7 @@ def measure(args: argparse.Namespace) -> dict:
         # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
         "memory": model.memory(),
+        "weights_reason": getattr(model, "weights_reason", None),  # step 07's: which int4 kernel, and why
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
     }
 

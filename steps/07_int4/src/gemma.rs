@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bridge::on;
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
-use crate::int4::{Held, Int4Linear, Linear, Weights};
+use crate::int4::{Held, Int4Matmul, Linear, Weights};
 use crate::onednn::one_row_in_aten;
 use crate::weights::{Checkpoint, MappedTable, Packed};
 
@@ -75,9 +75,7 @@ impl Table {
     fn head(&self, held: &Held, like: &Tensor) -> Result<Linear> {
         Ok(match self {
             Table::Dense(t) => Linear::Dense(t.f_to_kind(held.dtype)?), // no copy when the dtypes already agree
-            Table::Packed(p) if held.weights == Weights::Int4 => {
-                Linear::Int4(Int4Linear::new("the tied head (embed_tokens)", p, held.dtype, like)?)
-            }
+            Table::Packed(p) if held.weights == Weights::Int4 => held.int4("the tied head (embed_tokens)", p, like)?,
             Table::Packed(p) => Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?),
             // only the per-layer table is left in the file, and it is never a head: an error, should that change
             Table::Mapped(_) => return Err(invalid!("a table left in the file cannot be the tied head")),
@@ -615,6 +613,8 @@ pub struct Gemma {
     lm_head: Linear,
     /// How the linears are held.
     pub weights: Weights,
+    /// The kernel for the matrices kept 4-bit (with `Weights::Int4`).
+    pub matmul: Int4Matmul,
     /// With `weights="auto"`: the packed matrices the int4 kernel could not take, held dense instead.
     pub kept_dense: Vec<String>,
     /// Whether a decode step's dense linears run on ATen's mat-vec (the default) or on oneDNN's, as
@@ -624,20 +624,18 @@ pub struct Gemma {
 
 impl Gemma {
     // --8<-- [start:load]
-    /// Loads the checkpoint `model` (a -text checkpoint) onto like's device in `dtype`; with the `twin`
-    /// (-text-emb4), every table it holds packed (`embed_tokens_per_layer`, `embed_tokens`, an untied `lm_head`)
-    /// comes from it and stays packed.
+    /// Loads the checkpoint `model` (a -text checkpoint) onto like's device, its linears held as `held` says, in
+    /// `held.dtype`; with the `twin` (-text-emb4), every table it holds packed (`embed_tokens_per_layer`,
+    /// `embed_tokens`, an untied `lm_head`) comes from it and stays packed.
     pub fn load(
         model: &Checkpoint,
         twin: Option<&Checkpoint>,
         like: &Tensor,
-        dtype: Kind,
-        weights: Weights,
-        fallback: bool,
+        held: Held,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Gemma> {
         let cfg = model.config.text.clone();
-        let held = &Held::new(weights, dtype, fallback);
+        let (dtype, held) = (held.dtype, &held);
         // an empty tensor on the device stands in for the caller's (which may be large) from here on
         let like = &on(&Tensor::f_empty([0], (dtype, Device::Cpu))?, like)?;
         let packed_in_twin = |name: &str| twin.filter(|t| t.has(&format!("{name}.weight_packed")));
@@ -681,7 +679,8 @@ impl Gemma {
             per_layer_inputs,
             layers,
             lm_head,
-            weights,
+            weights: held.weights,
+            matmul: held.matmul,
             kept_dense: held.kept_dense.take(),
             matvec_in_aten: true,
         })

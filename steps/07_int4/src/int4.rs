@@ -20,6 +20,7 @@ use std::cell::RefCell;
 use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
+use crate::dot4::{self, Dot4Linear};
 use crate::error::{invalid, Error, Result};
 use crate::weights::Packed;
 
@@ -125,11 +126,38 @@ impl Int4Linear {
 }
 // --8<-- [end:int4]
 
+/// Which kernel multiplies the matrices kept 4-bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Matmul {
+    /// ATen's, `aten::_weight_int4pack_mm_for_cpu`: any x86 CPU.
+    Aten,
+    /// This step's, `torchtpu_dot4_mm` (dot4.rs): CPUs with AVX512-BF16, bfloat16 activations.
+    Dot4,
+}
+
+impl Int4Matmul {
+    pub fn name(self) -> &'static str {
+        match self {
+            Int4Matmul::Aten => "aten",
+            Int4Matmul::Dot4 => "dot4",
+        }
+    }
+
+    /// The op, as errors and `weights_reason` name it.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            Int4Matmul::Aten => KERNEL,
+            Int4Matmul::Dot4 => dot4::KERNEL,
+        }
+    }
+}
+
 /// A linear layer as the engine holds it.
 pub enum Linear {
     /// `[out, in]` in the compute dtype (step 03's).
     Dense(Tensor),
     Int4(Int4Linear),
+    Dot4(Dot4Linear),
 }
 
 impl Linear {
@@ -137,6 +165,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => crate::onednn::linear(x, w),
             Linear::Int4(w) => w.forward(x),
+            Linear::Dot4(w) => w.forward(x),
         }
     }
 
@@ -144,6 +173,7 @@ impl Linear {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
             Linear::Int4(w) => w.bytes(),
+            Linear::Dot4(w) => w.bytes(),
         }
     }
 }
@@ -152,6 +182,8 @@ impl Linear {
 /// kernel refused and were kept dense instead.
 pub struct Held {
     pub weights: Weights,
+    /// The kernel for the matrices kept 4-bit.
+    pub matmul: Int4Matmul,
     pub dtype: Kind,
     /// `weights="auto"`: a matrix the kernel cannot take stays dense (and is listed) instead of failing the load.
     pub fallback: bool,
@@ -159,8 +191,16 @@ pub struct Held {
 }
 
 impl Held {
-    pub fn new(weights: Weights, dtype: Kind, fallback: bool) -> Held {
-        Held { weights, dtype, fallback, kept_dense: RefCell::new(Vec::new()) }
+    pub fn new(weights: Weights, matmul: Int4Matmul, dtype: Kind, fallback: bool) -> Held {
+        Held { weights, matmul, dtype, fallback, kept_dense: RefCell::new(Vec::new()) }
+    }
+
+    /// The packed matrix `name` kept 4-bit for the chosen kernel, on like's device.
+    pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
+        Ok(match self.matmul {
+            Int4Matmul::Aten => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
+            Int4Matmul::Dot4 => Linear::Dot4(Dot4Linear::new(name, w)?),
+        })
     }
 }
 
@@ -196,7 +236,7 @@ pub fn probe(like: &Tensor) -> std::result::Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn cpu() -> Tensor {
@@ -205,14 +245,19 @@ mod tests {
 
     /// A random packed matrix `[rows, cols]` in the checkpoint's format: nibbles `q + 8`, eight to an int32 word,
     /// low first, and bf16 scales for groups of 32 columns.
-    fn random_matrix(rows: i64, cols: i64, seed: i64) -> Packed {
+    pub(crate) fn random_matrix(rows: i64, cols: i64, seed: i64) -> Packed {
+        random_matrix_scaled_in(rows, cols, seed, Kind::BFloat16)
+    }
+
+    /// The same with scales in `kind`: bf16 as in the -text checkpoints, or f16 as in the emb4 twin's tables.
+    pub(crate) fn random_matrix_scaled_in(rows: i64, cols: i64, seed: i64, kind: Kind) -> Packed {
         tch::manual_seed(seed);
         let nibbles = Tensor::randint(16, [rows, cols / 8, 8], (Kind::Int, Device::Cpu));
         let mut words = Tensor::zeros([rows, cols / 8], (Kind::Int, Device::Cpu));
         for i in 0..8 {
             words = words.bitwise_or_tensor(&nibbles.select(2, i).bitwise_left_shift_tensor_scalar(4 * i));
         }
-        let scale = (Tensor::rand([rows, cols / 32], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
+        let scale = (Tensor::rand([rows, cols / 32], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(kind);
         Packed::new(words, scale, cols).unwrap()
     }
 

@@ -1,10 +1,12 @@
-//! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit for ATen's
-//! int4 kernel (`weights="int4"`), or dequantized at load as in step 03 (`weights="bf16"`).
+//! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit for an int4
+//! kernel — this step's own on a CPU with AVX512-BF16, else ATen's (`weights="int4"`) — or dequantized at load as
+//! in step 03 (`weights="bf16"`).
 //!
 //! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
 mod bridge;
 mod config;
+mod dot4;
 mod error;
 mod gemma;
 mod int4;
@@ -25,7 +27,7 @@ use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use error::Error;
 use gemma::{Cache, DecodeSlots, Gemma, Generation};
-use int4::Weights;
+use int4::{Int4Matmul, Weights};
 use sampling::{Rng, Sampling};
 use weights::Checkpoint;
 
@@ -96,7 +98,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 }
 
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto", matvec="aten")
+///        weights="auto", int4_matmul="auto", matvec="aten")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -113,15 +115,18 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
-/// weights: "int4" (linears and a packed head kept 4-bit, multiplied by aten::_weight_int4pack_mm_for_cpu;
-///     NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
-///     "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which
-///     was taken and `engine.weights_reason` why.
+/// weights: "int4" (linears and a packed head kept 4-bit, multiplied by an int4 kernel; NotImplementedError where
+///     aten::_weight_int4pack_mm_for_cpu does not run), "bf16" (dequantized at load, as step 03 does), or "auto"
+///     (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which was
+///     taken and `engine.weights_reason` why.
+/// int4_matmul: the int4 kernel: "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16
+///     activations; NotImplementedError elsewhere), "aten" (aten::_weight_int4pack_mm_for_cpu: any CPU), or "auto"
+///     (dot4 where it runs, else aten). Both compute the same W4A16 products, their float32 sums in another order.
 /// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
 ///     oneDNN switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same
 ///     on an AMX Xeon — step 05's bench times both) or
 ///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
-///     bit, its sums being added in another order). The int4 kernel is ATen's either way.
+///     bit, its sums being added in another order). It does not touch the int4 kernels.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_int4")]
@@ -147,33 +152,57 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 }
 
 // --8<-- [start:choose]
+/// What `int4_matmul=` means on like's device in `dtype`: the kernel for the matrices kept 4-bit.
+fn choose_matmul(int4_matmul: &str, dtype: Kind, like: &Tensor) -> PyResult<Int4Matmul> {
+    let cpu = like.device() == tch::Device::Cpu;
+    let why_not_dot4 = if !dot4::runs() {
+        Some("needs a CPU with AVX512-BF16 (vdpbf16ps); this one has none")
+    } else if !cpu {
+        Some("runs on the CPU only")
+    } else if dtype != Kind::BFloat16 {
+        Some("takes bfloat16 activations only")
+    } else {
+        None
+    };
+    match (int4_matmul, why_not_dot4) {
+        ("aten", _) => Ok(Int4Matmul::Aten),
+        ("dot4" | "auto", None) => Ok(Int4Matmul::Dot4),
+        ("auto", Some(_)) => Ok(Int4Matmul::Aten),
+        ("dot4", Some(why)) => Err(PyNotImplementedError::new_err(format!(
+            "int4_matmul=\"dot4\": {} {why}; use \"aten\" or \"auto\"",
+            dot4::KERNEL
+        ))),
+        (other, _) => Err(PyValueError::new_err(format!("int4_matmul={other:?}: use \"dot4\", \"aten\" or \"auto\""))),
+    }
+}
+
 /// What `weights=` means on like's device: (how to hold the linears, whether a matrix the kernel refuses may stay
-/// dense instead, why).
-fn choose_weights(weights: &str, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
-    let kernel = int4::KERNEL;
+/// dense instead, why). Whether int4 runs at all is ATen's kernel's probe: `matmul` only names the kernel taken.
+fn choose_weights(weights: &str, matmul: Int4Matmul, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
+    let (aten, kernel) = (int4::KERNEL, matmul.kernel());
     match weights {
         "bf16" => Ok((Weights::Bf16, false, "weights=\"bf16\": dequantized at load, as in step 03".into())),
         "int4" => match int4::probe(like) {
             Ok(()) if dtype == Kind::Float => Ok((
                 Weights::Int4,
                 false,
-                format!(
-                    "weights=\"int4\" with float32 activations: {kernel}'s scalar path (slow on x86; exact scales)"
-                ),
+                format!("weights=\"int4\" with float32 activations: {aten}'s scalar path (slow on x86; exact scales)"),
             )),
             Ok(()) => Ok((Weights::Int4, false, format!("weights=\"int4\": {kernel}"))),
             Err(why) => Err(PyNotImplementedError::new_err(format!(
-                "weights=\"int4\": {why}. Only the CPU kernel is implemented (CUDA's aten::_weight_int4pack_mm \
+                "weights=\"int4\": {why}. Only CPU kernels are implemented (CUDA's aten::_weight_int4pack_mm \
                  takes another layout; TorchTPU has no int4 kernel known); use weights=\"bf16\" or \"auto\""
             ))),
         },
         "auto" => Ok(match int4::probe(like) {
-            Ok(()) if dtype == Kind::BFloat16 => (Weights::Int4, true, format!("auto: {kernel} runs on this device")),
+            Ok(()) if dtype == Kind::BFloat16 => {
+                (Weights::Int4, true, format!("auto: int4 runs on this device, multiplied by {kernel}"))
+            }
             Ok(()) => (
                 Weights::Bf16,
                 false,
                 format!(
-                    "auto: float32 activations would take {kernel}'s scalar path, slower than the dense float32 \
+                    "auto: float32 activations would take {aten}'s scalar path, slower than the dense float32 \
                  product; weights=\"int4\" forces it"
                 ),
             ),
@@ -194,6 +223,14 @@ fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
         Ok(()) => (true, format!("{} runs on this device", int4::KERNEL)),
         Err(why) => (false, why),
     })
+}
+
+/// dot4_runs() -> bool
+///
+/// Whether this CPU has what torchtpu_dot4_mm, this step's int4 kernel, needs: AVX-512 F and BW, and AVX512-BF16.
+#[pyfunction]
+fn dot4_runs() -> bool {
+    dot4::runs()
 }
 
 /// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
@@ -241,34 +278,68 @@ fn repack<'py>(
     Ok((give(py, packed)?, give(py, scale_zeros)?))
 }
 
-/// int4_linear(x, weight_packed, weight_scale, cols) -> torch.Tensor
+/// Int4Linear(weight_packed, weight_scale, cols, dtype="bfloat16", matmul="aten")
 ///
-/// x · Wᵀ through the Engine's int4 path: the matrix repacked, then the int4 kernel, in x's dtype (bf16 or f32).
-#[pyfunction]
-fn int4_linear<'py>(
-    py: Python<'py>,
-    x: &Bound<'py, PyAny>,
-    weight_packed: &Bound<'py, PyAny>,
-    weight_scale: &Bound<'py, PyAny>,
+/// A checkpoint's packed matrix (as `repack` takes it) kept 4-bit as the Engine keeps its linears: repacked once
+/// for `matmul`'s kernel ("aten" or "dot4", as the Engine's int4_matmul), for activations in `dtype` ("dot4":
+/// bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
+#[pyclass(name = "Int4Linear", module = "torchtpu_int4")]
+struct PyInt4Linear {
+    linear: Mutex<int4::Linear>,
     cols: i64,
-) -> PyResult<Bound<'py, PyAny>> {
-    let x = take(x, "x")?;
-    let w = packed_from(weight_packed, weight_scale, cols)?;
-    if !matches!(x.kind(), Kind::BFloat16 | Kind::Float) {
-        return Err(PyTypeError::new_err(format!("x: {:?}, need bfloat16 or float32", x.kind())));
+    dtype: Kind,
+}
+
+#[pymethods]
+impl PyInt4Linear {
+    #[new]
+    #[pyo3(signature = (weight_packed, weight_scale, cols, dtype = "bfloat16", matmul = "aten"))]
+    fn new(
+        weight_packed: &Bound<'_, PyAny>,
+        weight_scale: &Bound<'_, PyAny>,
+        cols: i64,
+        dtype: &str,
+        matmul: &str,
+    ) -> PyResult<Self> {
+        let w = packed_from(weight_packed, weight_scale, cols)?;
+        let dtype = compute_dtype(dtype)?;
+        let cpu = Tensor::f_empty([0], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?;
+        let matmul = match matmul {
+            "auto" => return Err(PyValueError::new_err("matmul=\"auto\": name the kernel, \"dot4\" or \"aten\"")),
+            other => choose_matmul(other, dtype, &cpu)?,
+        };
+        let linear = int4::Held::new(Weights::Int4, matmul, dtype, false).int4("weight_packed", &w, &cpu)?;
+        Ok(PyInt4Linear { linear: Mutex::new(linear), cols, dtype })
     }
-    if x.dim() != 2 || x.size()[1] != cols {
-        return Err(PyValueError::new_err(format!("x: shape {:?}, need [tokens, {cols}]", x.size())));
+
+    fn __call__<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let x = take(x, "x")?;
+        if x.kind() != self.dtype {
+            return Err(PyTypeError::new_err(format!(
+                "x: {:?}, need {:?} (the dtype this matrix was made for)",
+                x.kind(),
+                self.dtype
+            )));
+        }
+        if x.dim() != 2 || x.size()[1] != self.cols {
+            return Err(PyValueError::new_err(format!("x: shape {:?}, need [tokens, {}]", x.size(), self.cols)));
+        }
+        let linear = self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: a call panicked"))?;
+        give(py, &linear.forward(&x)?)
     }
-    let linear = int4::Int4Linear::new("weight_packed", &w, x.kind(), &x)?;
-    give(py, &linear.forward(&x)?)
+
+    /// Bytes one product reads: nibbles and scales (and ATen's zero points) as held.
+    #[getter]
+    fn nbytes(&self) -> PyResult<i64> {
+        Ok(self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: a call panicked"))?.bytes())
+    }
 }
 
 #[pymethods]
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, weights = "auto", matvec = "aten"))]
+                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = "aten"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -280,6 +351,7 @@ impl Engine {
         decode_slots: Option<&str>,
         attention_dtype: Option<&str>,
         weights: &str,
+        int4_matmul: &str,
         matvec: &str,
     ) -> PyResult<Self> {
         let matvec_in_aten = match matvec {
@@ -292,7 +364,8 @@ impl Engine {
         let decode_slots = decode_slots_arg(decode_slots, like)?;
         let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
         let like = like_tensor;
-        let (weights, fallback, weights_reason) = choose_weights(weights, dtype, &like)?;
+        let matmul = choose_matmul(int4_matmul, dtype, &like)?;
+        let (weights, fallback, weights_reason) = choose_weights(weights, matmul, dtype, &like)?;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;
         let twin = emb4_dir.as_deref().map(Checkpoint::open).transpose()?;
@@ -302,7 +375,8 @@ impl Engine {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, dtype, weights, fallback, &mut report)?;
+        let held = int4::Held::new(weights, matmul, dtype, fallback);
+        let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, held, &mut report)?;
         model.matvec_in_aten = matvec_in_aten;
         if let Some(e) = report_error {
             return Err(e);
@@ -330,6 +404,14 @@ impl Engine {
     #[getter]
     fn weights_reason(&self) -> PyResult<String> {
         Ok(self.state()?.weights_reason.clone())
+    }
+
+    /// The kernel multiplying the matrices kept 4-bit: "dot4" or "aten" (see the class docstring); None with
+    /// weights "bf16".
+    #[getter]
+    fn int4_matmul(&self) -> PyResult<Option<&'static str>> {
+        let model = &self.state()?.model;
+        Ok((model.weights == Weights::Int4).then(|| model.matmul.name()))
     }
 
     /// What a decode step's full layers attend over: "bucket" or "all" (see the class docstring).
@@ -876,7 +958,8 @@ fn filtered_probs<'py>(
     give(py, &sampling.probabilities(&logits)?)
 }
 
-/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `repack`, `int4_linear`, and the versions it
+/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `repack`, `Int4Linear`,
+/// and the versions it
 /// was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -889,8 +972,10 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(int4_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(repack, m)?)?;
-    m.add_function(wrap_pyfunction!(int4_linear, m)?)?;
+    m.add_class::<PyInt4Linear>()?;
+    m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
+    m.add("DOT4_KERNEL", dot4::KERNEL)?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

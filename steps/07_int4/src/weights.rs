@@ -19,7 +19,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bridge::on;
 use crate::config::Config;
 use crate::error::{invalid, Error, Result};
-use crate::int4::{self, Held, Int4Linear, Linear, Weights};
+use crate::int4::{self, Held, Linear, Weights};
 
 struct Shard {
     /// Shared with the tables that stay in the file, which outlive the checkpoint.
@@ -215,7 +215,7 @@ impl Checkpoint {
                 Some(_) if held.fallback => held.kept_dense.borrow_mut().push(self.full_name(module)),
                 _ => {
                     let packed = self.packed(module, out, inp)?;
-                    return Ok(Linear::Int4(Int4Linear::new(&self.where_(module), &packed, held.dtype, like)?));
+                    return held.int4(&self.where_(module), &packed, like);
                 }
             }
         }

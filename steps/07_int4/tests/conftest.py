@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import torchtpu_int4
 from torchtpu_rs import checkpoints
 from torchtpu_rs.reference import transformers_model
 
@@ -17,6 +18,13 @@ def tiny_multimodal() -> Path:
     return checkpoints.tiny("multimodal")
 
 
+@pytest.fixture(scope="session", params=["aten", pytest.param("dot4", marks=pytest.mark.skipif(
+    not torchtpu_int4.dot4_runs(), reason="this CPU has no AVX512-BF16: torchtpu_dot4_mm does not run"))])
+def matmul(request) -> str:
+    """Each int4 kernel, as `Engine(int4_matmul=...)` and `Int4Linear(matmul=...)` name them."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def hf_model():
     """A loader for the reference model: `hf_model(folder, dtype=torch.float32)`."""
@@ -29,11 +37,14 @@ def _kl(p_logits, q_logits) -> float:
     return float((log_p.exp() * (log_p - log_q)).sum())
 
 
-def _top5_agree(a, b, near=0.1) -> bool:
-    """The same five most likely next tokens, in the same order except where two swap that are a near-tie in `b`:
-    logits within `near` of each other (probabilities within 11 %)."""
+def _top5_agree(a, b, near=0.125) -> bool:
+    """The same five most likely next tokens, in the same order, except where `b` has a near-tie (logits within
+    `near`: two bf16 steps at 8 to 16, probabilities within 13 %): two such may swap places, and a token tied with
+    b's fifth may take its place. Both happen between two sums of the same products in another order on the tiny
+    random models' crowded logits, where a next-token logit is 9.3125 one way and 9.375 the other."""
     ia, (vb, ib) = a.topk(5).indices, b.topk(5)
-    if set(ia.tolist()) != set(ib.tolist()):
+    fifth = vb[-1].item()
+    if any(abs(b[t].item() - fifth) > near for t in set(ia.tolist()) ^ set(ib.tolist())):
         return False
     return all(abs(b[ia[i]].item() - vb[i].item()) <= near for i in (ia != ib).nonzero().flatten().tolist())
 

@@ -1,5 +1,5 @@
-"""Step 07's Engine: step 03's contract plus `weights=`; int4 and bf16 answers agree, and both agree with
-Transformers, on the tiny random checkpoints of every variant."""
+"""Step 07's Engine: step 03's contract plus `weights=` and `int4_matmul=`; int4 (through either kernel) and bf16
+answers agree, and both agree with Transformers, on the tiny random checkpoints of every variant."""
 import json
 import shutil
 import threading
@@ -21,9 +21,30 @@ def cpu():
 
 def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
     engine = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
-    assert engine.weights == "int4" and "aten::_weight_int4pack_mm_for_cpu" in engine.weights_reason
+    kernel = "dot4" if torchtpu_int4.dot4_runs() else "aten"  # this step's kernel where the CPU has AVX512-BF16
+    assert engine.weights == "int4" and engine.int4_matmul == kernel
+    name = {"dot4": "torchtpu_dot4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[kernel]
+    assert engine.weights_reason == f"auto: int4 runs on this device, multiplied by {name}"
     assert "weights=int4" in repr(engine)
     assert torchtpu_int4.int4_kernel(cpu()) == (True, "aten::_weight_int4pack_mm_for_cpu runs on this device")
+    assert torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights="bf16").int4_matmul is None
+
+
+def test_int4_matmul_chooses_the_kernel_and_refuses_what_cannot_run(tiny):
+    aten = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="aten")
+    assert aten.int4_matmul == "aten" and "aten::_weight_int4pack_mm_for_cpu" in aten.weights_reason
+    with pytest.raises(ValueError, match='int4_matmul="fast": use "dot4", "aten" or "auto"'):
+        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="fast")
+    meta = torch.empty(0, device="meta")
+    why = "runs on the CPU only" if torchtpu_int4.dot4_runs() else "needs a CPU with AVX512-BF16"
+    with pytest.raises(NotImplementedError, match=f'int4_matmul="dot4": torchtpu_dot4_mm {why}'):
+        torchtpu_int4.Engine(tiny / "text", None, meta, CTX, int4_matmul="dot4")
+    if torchtpu_int4.dot4_runs():
+        with pytest.raises(NotImplementedError, match="torchtpu_dot4_mm takes bfloat16 activations only"):
+            torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", int4_matmul="dot4")
+        # float32: auto takes bf16 weights; forced int4 goes to ATen's kernel, the one taking float32
+        forced = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", weights="int4")
+        assert forced.int4_matmul == "aten"
 
 
 def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny, kl):
@@ -130,14 +151,14 @@ def variant(request, tiny, tiny_multimodal):
 
 
 # --8<-- [start:parity]
-def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model, kl, top5_agree):
+def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, matmul, hf_model, kl, top5_agree):
     """On the tiny random models (near-uniform logits, the worst case for agreement), in bf16 arithmetic: the same
     five next tokens; the next-token KL of int4 against the bf16 path of the same files under 1e-2, as is its KL
     against Transformers in float32, where the bf16 path itself sits at the same distance. (Measured: 3e-3 to
     7e-3 against bf16, over the 1e-3 the step set itself: the bf16 roundings of every activation, not the
-    weights, make most of it — see the float32 test below.)"""
+    weights, make most of it — see the float32 test below.) Through either int4 kernel."""
     name, model, emb4, reference = variant
-    int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4")
+    int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4", int4_matmul=matmul)
     bf16 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="bf16")
     hf = hf_model(reference)
     for ids in PROMPTS:
@@ -152,6 +173,23 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model,
     if emb4 is None:  # greedy text: the same start (near-ties of a random model part it later, at 23 of 32 here)
         same = same_prefix(int4.generate(PROMPTS[1], 32)[0], bf16.generate(PROMPTS[1], 32)[0])
         assert same >= 8, (name, same)
+
+
+def test_the_two_kernels_give_the_same_answers(variant, kl):
+    """ATen's int4 kernel and this step's: the same products of the same weights, their float32 sums in another
+    order (and, with the emb4 twin, its f16 scales exact where ATen's kernel takes them rounded to bf16). An
+    output now and then a bf16 step apart, carried through ten layers of bf16 activations, moves the tiny random
+    models' next-token distributions by about as much as the int4 and bf16 paths differ (measured: KL 7e-4 to
+    9e-4); greedy text starts the same (near-ties of a random model part it later: at 12 of 16 with the emb4
+    twin). On the trained model the answers are the same tokens: test_trained.py."""
+    if not torchtpu_int4.dot4_runs():
+        pytest.skip("this CPU has no AVX512-BF16: torchtpu_dot4_mm does not run")
+    name, model, emb4, _ = variant
+    aten, dot4 = (torchtpu_int4.Engine(model, emb4, cpu(), CTX, int4_matmul=m) for m in ("aten", "dot4"))
+    for ids in PROMPTS:
+        last = [len(ids) - 1]
+        assert kl(aten.logits(ids, last)[0], dot4.logits(ids, last)[0]) <= 3e-3, name
+    assert same_prefix(aten.generate(PROMPTS[1], 16)[0], dot4.generate(PROMPTS[1], 16)[0]) >= 8, name
 
 
 def test_in_float32_arithmetic_int4_is_within_1e_3_of_bf16(variant, kl):

@@ -1,5 +1,6 @@
-"""The int4 kernel's contract in torch 2.13 (ATen's LinearAlgebra.cpp and cpu/int4mm_kernel.cpp), and the repack:
-the checkpoint's nibbles in the kernel's layout, equal to what compressed-tensors decompresses."""
+"""The int4 kernel's contract in torch 2.13 (ATen's LinearAlgebra.cpp and cpu/int4mm_kernel.cpp), and the repack for
+both kernels (ATen's and this step's torchtpu_dot4_mm): the checkpoint's nibbles in the kernel's layout, equal to
+what compressed-tensors decompresses."""
 import json
 
 import pytest
@@ -74,9 +75,10 @@ def test_the_output_head_fits():
     n, k = 262144, 64
     nibbles = (torch.arange(n * k, dtype=torch.int32) % 16).view(n, k)
     scale = torch.full((n, k // 32), 0.5, dtype=torch.bfloat16)
-    y = torchtpu_int4.int4_linear(torch.ones(1, k, dtype=torch.bfloat16), words(nibbles), scale, k)
     want = ((nibbles - 8).float() * 0.5).sum(1)
-    assert y.shape == (1, n) and torch.equal(y[0].float(), want)
+    for matmul in ("aten", "dot4") if torchtpu_int4.dot4_runs() else ("aten",):
+        y = torchtpu_int4.Int4Linear(words(nibbles), scale, k, matmul=matmul)(torch.ones(1, k, dtype=torch.bfloat16))
+        assert y.shape == (1, n) and torch.equal(y[0].float(), want), matmul
 # --8<-- [end:contract]
 
 
@@ -111,34 +113,47 @@ def decompress(folder, packed, scale, shape):
         {"weight_packed": packed, "weight_scale": scale, "weight_shape": shape}, scheme)["weight"]
 
 
-def through_kernel(packed, scale, cols, dtype):
+def through_kernel(packed, scale, cols, dtype, matmul="aten"):
     """W itself out of the int4 path: identity activations give y[k, n] = W[n, k], one product each, exact in
     float32 and rounded once to the activation dtype."""
-    return torchtpu_int4.int4_linear(torch.eye(cols, dtype=dtype), packed, scale, cols).t()
+    return torchtpu_int4.Int4Linear(packed, scale, cols, dtype=str(dtype).removeprefix("torch."),
+                                    matmul=matmul)(torch.eye(cols, dtype=dtype)).t()
+
+
+def exact_weight(packed, scale, cols):
+    """(q - 8) · scale in float64, unrounded: what both kernels multiply by."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).flatten(-2)[:, :cols] - 8
+    return q.double() * scale.double().repeat_interleave(cols // scale.shape[1], 1)
 
 
 # --8<-- [start:repack_test]
 @pytest.mark.parametrize("layout", checkpoints.LAYOUTS)
 @pytest.mark.parametrize("twin", ["text", "emb4"])
-def test_repack_is_what_compressed_tensors_decompresses(layout, twin):
+def test_repack_is_what_compressed_tensors_decompresses(layout, twin, matmul):
     """Every packed matrix of the tiny checkpoints (each linear shape, the emb4 tables and untied head): through
-    the int4 kernel, W is compressed-tensors' dequantization bit for bit. bf16 scales in bf16; the twin's F16
-    scales in float32 (exact), rounded to f16 as compressed-tensors rounds."""
+    the int4 kernel, W is compressed-tensors' dequantization bit for bit. bf16 scales in bf16. The twin's F16
+    scales: ATen's kernel reads them in the activation dtype, so in float32 (exact), rounded to f16 as
+    compressed-tensors rounds; dot4 reads them as float32 whatever the activations, so its bf16 W is the exact
+    (q - 8) · scale rounded once to bf16."""
     folder = checkpoints.tiny(layout) / twin
     seen = set()
     for name, packed, scale, shape in packed_matrices(folder):
         want = decompress(folder, packed, scale, shape)
         cols = int(shape[1])
         if scale.dtype == torch.bfloat16:
-            got = through_kernel(packed, scale, cols, torch.bfloat16)
-        else:
+            got = through_kernel(packed, scale, cols, torch.bfloat16, matmul)
+        elif matmul == "aten":
             got = through_kernel(packed, scale, cols, torch.float32).to(scale.dtype)
+        else:
+            got = through_kernel(packed, scale, cols, torch.bfloat16, matmul)
+            want = exact_weight(packed, scale, cols).to(torch.bfloat16)
         assert got.dtype == want.dtype and torch.equal(got, want), name
         seen.add(tuple(shape.tolist()))
     assert len(seen) >= 6  # q/k/v/o, the double-wide MLP, the per-layer projections, ...
 
 
-def test_repack_of_an_e2b_shape():
+def test_repack_of_an_e2b_shape(matmul):
     """One E2B linear, q_proj [2048, 1536], packed with the project's compressed-tensors-equal packer."""
     w = torch.randn(2048, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16) * 0.02
     p = checkpoints.pack_w4(w)
@@ -148,7 +163,7 @@ def test_repack_of_an_e2b_shape():
     scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
         num_bits=4, type="int", symmetric=True, strategy="group", group_size=32))
     want = PackedQuantizationCompressor.decompress(dict(p), scheme)["weight"]
-    got = through_kernel(p["weight_packed"], p["weight_scale"], 1536, torch.bfloat16)
+    got = through_kernel(p["weight_packed"], p["weight_scale"], 1536, torch.bfloat16, matmul)
     assert torch.equal(got, want)
 # --8<-- [end:repack_test]
 
@@ -163,7 +178,7 @@ def rounded_once(y, exact):
     return off.float().mean().item() <= 0.01 and bool(((y.float() - want.float()).abs() <= step)[off].all())
 
 
-def test_the_kernel_multiplies_by_q_times_scale_unrounded():
+def test_the_kernel_multiplies_by_q_times_scale_unrounded(matmul):
     """Why int4 is not bit-identical to the bf16 path: compressed-tensors' weight is q · s rounded to bf16 (about a
     third of them change), the kernel's is q · s exact in float32. Each path is its own product rounded once; with
     scales that make q · s exact in bf16 (powers of two) the two paths agree (but for summation order)."""
@@ -178,7 +193,7 @@ def test_the_kernel_multiplies_by_q_times_scale_unrounded():
         ct = (q.to(torch.bfloat16) * scale.unsqueeze(-1)).view(n, k)  # what compressed-tensors decompresses
         exact = (q.double() * scale.double().unsqueeze(-1)).view(n, k)
         assert bool((ct.double() != exact).any()) == rounded
-        y = torchtpu_int4.int4_linear(x, words(nibbles), scale, k)
+        y = torchtpu_int4.Int4Linear(words(nibbles), scale, k, matmul=matmul)(x)
         assert rounded_once(y, x.double() @ exact.t())  # the exact product
         dense = torch.nn.functional.linear(x, ct)  # step 03's path: the product with rounded weights
         assert rounded_once(dense, x.double() @ ct.double().t())
@@ -208,6 +223,44 @@ def test_malformed_matrices_are_refused():
         torchtpu_int4.repack(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 3, dtype=torch.bfloat16), 64)
     with pytest.raises(TypeError, match="weight_packed: expected a torch.Tensor"):
         torchtpu_int4.repack([1, 2], torch.ones(32, 2, dtype=torch.bfloat16), 64)
+    linear = torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64)
     with pytest.raises(ValueError, match="x: shape"):
-        torchtpu_int4.int4_linear(torch.ones(2, 32, dtype=torch.bfloat16), torch.zeros(32, 8, dtype=torch.int32),
-                                  torch.ones(32, 2, dtype=torch.bfloat16), 64)
+        linear(torch.ones(2, 32, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x: Float, need BFloat16"):
+        linear(torch.ones(2, 64))
+    with pytest.raises(ValueError, match="matmul=\"auto\": name the kernel"):
+        torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
+                                 matmul="auto")
+    with pytest.raises(ValueError, match="int4_matmul=\"fast\""):
+        torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
+                                 matmul="fast")
+
+
+@pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason="this CPU has no AVX512-BF16")
+def test_dot4_takes_bfloat16_activations_only():
+    with pytest.raises(NotImplementedError, match="torchtpu_dot4_mm takes bfloat16 activations only"):
+        torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
+                                 dtype="float32", matmul="dot4")
+
+
+@pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason="this CPU has no AVX512-BF16")
+def test_the_two_kernels_agree_on_an_e2b_matvec():
+    """[6144 × 1536], a decode step's row and a 5-row chunk: the same exact product, each rounded once but for
+    float32 summation order, so nearly every output is the same bf16 number."""
+    n, k = 6144, 1536
+    packed = words(random_nibbles(n, k, seed=7))
+    scale = (torch.rand(n, k // 32, generator=torch.Generator().manual_seed(8)) * 0.01 + 1e-3).to(torch.bfloat16)
+    aten, dot4 = (torchtpu_int4.Int4Linear(packed, scale, k, matmul=m) for m in ("aten", "dot4"))
+    assert dot4.nbytes == n * k // 2 + n * (k // 32) * 4 == aten.nbytes  # f32 scales; bf16 scale + zero
+    for rows in (1, 5):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        exact = x.double() @ exact_weight(packed, scale, k).t()
+        ya, yd = aten(x), dot4(x)
+        assert rounded_once(ya, exact)
+        # dot4 sums 128 + nibble over each group and takes 136 · Σx off after: where an output's terms cancel to
+        # almost nothing, a float32 rounding of those sums (2^-24 of 136 · Σ|x|) is a few bf16 steps of it
+        want, reach = exact.to(torch.bfloat16), 136 * 2.0 ** -19 * (x.double().abs().view(rows, -1, 32).sum(-1)
+                                                                     @ scale.double().t())
+        assert (yd != want).float().mean().item() <= 0.01
+        assert bool(((yd.double() - exact).abs() <= want.double().abs() * 2.0 ** -7 + reach).all())
+        assert (ya == yd).float().mean().item() > 0.99

@@ -1,8 +1,10 @@
-"""torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by ATen's CPU int4 kernel.
+"""torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by an int4 kernel on the CPU:
+this step's own (torchtpu_dot4_mm, AVX512-BF16) where it runs, else ATen's (aten::_weight_int4pack_mm_for_cpu).
 
     import torch, torchtpu_int4
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")
     engine.weights, engine.weights_reason      # "int4" or "bf16", and why
+    engine.int4_matmul                         # "dot4" or "aten" (None with bf16 weights)
     tokens, read_s, decode_s = engine.generate(ids, max_new)
     for token in engine.stream(ids, max_new, stop=[1]):   # step 03's streaming and sampling, unchanged
         ...
@@ -14,20 +16,24 @@ import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that 
 
 from ._engine import (
     BUILT_WITH_TORCH,
+    DOT4_KERNEL,
     INT4_KERNEL,
     RUSTC_VERSION,
     TCH_VERSION,
     Engine,
+    Int4Linear,
     TokenStream,
+    dot4_runs,
     filtered_probs,
     int4_kernel,
-    int4_linear,
     layout_for,
     repack,
     sample,
 )
 
 WEIGHTS = ("auto", "int4", "bf16")
+INT4_MATMULS = ("auto", "dot4", "aten")
 
-__all__ = ["Engine", "TokenStream", "layout_for", "filtered_probs", "sample", "int4_kernel", "repack", "int4_linear",
-           "INT4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+__all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
+           "repack", "INT4_KERNEL", "DOT4_KERNEL", "WEIGHTS", "INT4_MATMULS", "TCH_VERSION", "RUSTC_VERSION",
+           "BUILT_WITH_TORCH"]

@@ -9,6 +9,7 @@ TCH_VERSION: str
 RUSTC_VERSION: str
 BUILT_WITH_TORCH: str
 INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
+DOT4_KERNEL: str  # "torchtpu_dot4_mm"
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
@@ -37,6 +38,7 @@ class Engine:
         decode_slots: Literal["bucket", "all"] | None = None,
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
         weights: Literal["auto", "int4", "bf16"] = "auto",
+        int4_matmul: Literal["auto", "dot4", "aten"] = "auto",
         matvec: Literal["aten", "onednn"] = "aten",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
@@ -45,18 +47,23 @@ class Engine:
         attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
-        weights: "int4" (linears and a packed head 4-bit, aten::_weight_int4pack_mm_for_cpu; NotImplementedError
-        where it does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs
-        and dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
+        weights: "int4" (linears and a packed head 4-bit; NotImplementedError where aten::_weight_int4pack_mm_for_cpu
+        does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs and
+        dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
+        int4_matmul: the int4 kernel — "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16;
+        NotImplementedError elsewhere), "aten" (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs).
         matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
         twice oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
-        (Transformers' decode kernel, bit for bit). The int4 kernel is ATen's either way."""
+        (Transformers' decode kernel, bit for bit). It does not touch the int4 kernels."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
     @property
     def weights_reason(self) -> str:
         """Why: what weights="auto" found on this device, or what was asked for."""
+    @property
+    def int4_matmul(self) -> Literal["dot4", "aten"] | None:
+        """The kernel multiplying the matrices kept 4-bit; None with weights "bf16"."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property
@@ -131,5 +138,22 @@ def repack(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A checkpoint's packed matrix in the int4 kernel's layout, as the Engine makes it: uint8 [rows, cols / 2]
     and [cols / group, rows, 2] (scale, 0) in `dtype`."""
-def int4_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, cols: int) -> torch.Tensor:
-    """x · Wᵀ through the Engine's int4 path (repack, then the int4 kernel), in x's dtype."""
+def dot4_runs() -> bool:
+    """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
+
+class Int4Linear:
+    """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten" or "dot4");
+    called on x [tokens, cols] in `dtype`, gives x · Wᵀ in that dtype."""
+
+    def __init__(
+        self,
+        weight_packed: torch.Tensor,
+        weight_scale: torch.Tensor,
+        cols: int,
+        dtype: Literal["bfloat16", "float32"] = "bfloat16",
+        matmul: Literal["aten", "dot4"] = "aten",
+    ) -> None: ...
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes one product reads: nibbles and scales (and ATen's zero points) as held."""
