@@ -38,12 +38,12 @@ def onednn_on(enabled: bool):
 def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, calls: int = 200,
                 streamed_gb: float = 0.0) -> dict:
     """One E2B MLP mat-vec ([6144 × 1536], a bf16 activation row) called again and again, best of `tries`: the
-    bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel; or, with step
-    07 installed on a CPU with AVX512-BF16, nibbles + float32 scales for its own, torchtpu_dot4_mm, the one its
-    Engine takes there) over its time. bf16 twice: through oneDNN, as torch picks by default (and Transformers
-    decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The weights stay warm in the
-    CPU's caches, so this is the kernel's best case: a way whose weights come from memory reads them no faster
-    than this, however fast the memory is. With `streamed_gb`, each call takes the next of distinct copies of the
+    bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel; or, with
+    step 07 installed on a CPU with AVX512-BF16, nibbles + float32 scales for its own, torchtpu_dot4_mm, the one
+    its Engine takes there) over its time. bf16 twice: through oneDNN, as torch picks by default (and
+    Transformers decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The
+    weights stay warm in the CPU's caches, so this is the kernel's best case: a way whose weights come from memory
+    reads them no faster than this, however fast the memory is. With `streamed_gb`, each call takes the next of distinct copies of the
     weights, about that many GB of them per kernel, so the weights come from memory, as a decode step's do."""
     torch.manual_seed(0)
     x = torch.randn(1, k, dtype=torch.bfloat16)

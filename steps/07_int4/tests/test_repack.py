@@ -223,7 +223,8 @@ def test_malformed_matrices_are_refused():
         torchtpu_int4.repack(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 3, dtype=torch.bfloat16), 64)
     with pytest.raises(TypeError, match="weight_packed: expected a torch.Tensor"):
         torchtpu_int4.repack([1, 2], torch.ones(32, 2, dtype=torch.bfloat16), 64)
-    linear = torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64)
+    zeros, ones = torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16)
+    linear = torchtpu_int4.Int4Linear(zeros, ones, 64)
     with pytest.raises(ValueError, match="x: shape"):
         linear(torch.ones(2, 32, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="x: Float, need BFloat16"):
