@@ -43,8 +43,9 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
     its Engine takes there) over its time. bf16 twice: through oneDNN, as torch picks by default (and
     Transformers decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The
     weights stay warm in the CPU's caches, so this is the kernel's best case: a way whose weights come from memory
-    reads them no faster than this, however fast the memory is. With `streamed_gb`, each call takes the next of distinct copies of the
-    weights, about that many GB of them per kernel, so the weights come from memory, as a decode step's do."""
+    reads them no faster than this, however fast the memory is. With `streamed_gb`, each call takes the next of
+    distinct copies of the weights, about that many GB of them per kernel, so the weights come from memory, as a
+    decode step's do."""
     torch.manual_seed(0)
     x = torch.randn(1, k, dtype=torch.bfloat16)
 
