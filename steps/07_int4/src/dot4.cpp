@@ -51,6 +51,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
     __m512 part[R][4];
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < 4; ++i) part[r][i] = _mm512_setzero_ps();
+    // --8<-- [start:inner]
     for (int64_t o = 0; o < octets; ++o) {
       const int32_t* at = w + (g * octets + o) * 16;
       _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T0);
@@ -72,6 +73,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
       acc[r] = _mm512_fmadd_ps(scale, _mm512_sub_ps(sum, _mm512_set1_ps(corr[r * groups + g])), acc[r]);
     }
+    // --8<-- [end:inner]
   }
   for (int r = 0; r < R; ++r) {
     const __m256bh out = _mm512_cvtneps_pbh(acc[r]);  // rounded to nearest even, once

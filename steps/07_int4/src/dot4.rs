@@ -2,8 +2,8 @@
 //! is src/dot4.cpp, whose header draws its layout.
 //!
 //! Why a kernel of our own: ATen's (int4.rs) spends more instructions per weight than memory takes to deliver it
-//! — per weight a table lookup, a dequantizing multiply-add and the product's — so at two threads it reads
-//! 14–22 GB/s of nibbles where a bf16 matrix streams at about 30 (measured on an AMX Xeon, step 07's README).
+//! — per weight a table lookup, a dequantizing multiply-add and the product's — so on two cores a decode step
+//! waits on its arithmetic, not on memory (step 05's bench times one E2B mat-vec through each kernel).
 //! Here a shift and one logic instruction turn 8 stored nibbles into 4 bf16 pairs `128 + nibble`, and one
 //! `vdpbf16ps` multiplies a pair by the activations' pair and adds both products into float32: the same W4A16
 //! arithmetic, exact products, float32 sums, scales applied once per group. It reads the checkpoint's scales as
@@ -36,7 +36,8 @@ fn bit(j: i64) -> i64 {
 }
 
 // --8<-- [start:dot4]
-/// A linear layer kept 4-bit for `torchtpu_dot4_mm`: `y = x · Wᵀ` with `W[n, k] = (nibble - 8) · scale[n, k / group]`.
+/// A linear layer kept 4-bit for `torchtpu_dot4_mm`: `y = x · Wᵀ`, `W[n, k] = (nibble - 8) · scale[n, k / group]`.
+/// It takes the shapes ATen's kernel takes (`int4::refuses`), so either kernel loads the same checkpoints.
 pub struct Dot4Linear {
     /// int32 `[out / 16, in / 8, 16]`: for each block of 16 output rows, the rows' words side by side, column
     /// octet after octet, so a block's weights are one stream.
@@ -130,11 +131,11 @@ mod tests {
         assert_eq!((0..8).map(bit).collect::<Vec<_>>(), [0, 16, 4, 20, 8, 24, 12, 28]);
     }
 
-    /// y's difference from the exact product `x · Wᵀ` (W unrounded), in bf16 steps of the exact value (0.5 or less: exactly
-    /// rounded), and whether every output is within what the kernel's float32 sums can miss by. Each group's sum
-    /// runs over `128 + nibble`, about 136 · Σ|x| in size, before 136 · Σx is taken off: a handful of float32
-    /// roundings of that size per group (2^-19 of it allows 32), then the output's rounding to bf16. Where an
-    /// output's terms nearly cancel, that is many steps of the small exact value, and no fewer for ATen's kernel.
+    /// y's difference from the exact product `x · Wᵀ` (W unrounded), in bf16 steps of the exact value (0.5 or
+    /// less: exactly rounded), and whether every output is within what the kernel's float32 sums can miss by.
+    /// Each group's sum runs over `128 + nibble`, about 136 · Σ|x| in size, before 136 · Σx is taken off: a
+    /// handful of float32 roundings of that size per group (2^-19 of it allows 32), then the output's rounding to
+    /// bf16. Where an output's terms nearly cancel, that is many steps of the small exact value.
     fn steps_off(y: &Tensor, x: &Tensor, w: &Packed) -> (Tensor, bool) {
         // (q - 8) · scale unrounded, as both int4 kernels take it (the bf16 path rounds it to bf16 first)
         let q = w.nibbles(0, w.out_rows()).unwrap().to_kind(Kind::Double) - 8.0;
