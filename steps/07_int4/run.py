@@ -77,6 +77,7 @@ def main() -> None:
         print(f"{r['held']:<8} {r['load_s']:>7.2f} {r['read_tok_s']:>10.0f} {r['decode_tok_s']:>12.1f} "
               f"{r['weight_bytes_per_token'] / 1e6:>16.2f} {r['engine_gb']:>9.2f}  {text!r}")
     both = [r for r in rows if r["available"]]
+    print("\n".join(f"{r['held']}: {r['why']}" for r in both))  # which kernel multiplies, and why
     if len(both) == 2:
         same = prompting.same_prefix(both[0]["tokens"], both[1]["tokens"])
         print(f"same tokens: {same} of {max(len(both[0]['tokens']), len(both[1]['tokens']))}")

@@ -2,10 +2,14 @@
 // W4A16 arithmetic as ATen's kernel, in fewer instructions per weight and with the next page of weights always
 // on its way from memory. dot4.rs says when it runs and what it computes; docs/steps/07_int4.md why it is here.
 //
+// --8<-- [start:layout]
 // Layout (made by dot4.rs from the checkpoint's words, a shuffle of the same bits):
-//   words  int32 [N / 16, K / 8, 16]: for each block of 16 output rows and each 8 columns k..k+7, one int32 per
-//          row holding that row's 8 nibbles, with the nibbles of columns k + 2i and k + 2i + 1 at bits 4i and 16 + 4i;
+//   checkpoint word, one row, columns k..k+7    q7 q6 q5 q4 q3 q2 q1 q0    nibble j at bit 4j
+//   dot4 word                                   q7 q5 q3 q1 q6 q4 q2 q0    odd columns high, even columns low
+//   (word >> 4i) & 0x000F000F | 0x43004300  =  [bf16 128 + q(2i+1) | bf16 128 + q(2i)]    for i = 0..3
+//   words  int32 [N / 16, K / 8, 16]: the 16 rows of a block side by side, one 64-byte register per 8 columns;
 //   scales float32 [N / 16, K / group, 16]: the checkpoint's scales (bf16 or f16, both exact in float32).
+// --8<-- [end:layout]
 //
 // Why that layout: `(word >> 4i) & 0x000F000F | 0x43004300` is, in each 32-bit lane, two bfloat16 numbers 128 + q
 // (0x4300 is 128.0, whose last mantissa bit is worth 1), for columns k + 2i and k + 2i + 1 — a shift and one
