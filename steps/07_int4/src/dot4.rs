@@ -111,7 +111,6 @@ impl Dot4Linear {
         }
         Ok(y)
     }
-    // --8<-- [end:dot4]
 
     /// Bytes one product reads: the words and the scales.
     pub fn bytes(&self) -> i64 {
@@ -119,6 +118,7 @@ impl Dot4Linear {
         bytes(&self.words) + bytes(&self.scales)
     }
 }
+// --8<-- [end:dot4]
 
 #[cfg(test)]
 mod tests {
