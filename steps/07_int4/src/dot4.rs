@@ -64,8 +64,8 @@ impl Dot4Linear {
         while start < rows {
             let n = REPACK_ROWS.min(rows - start);
             let nibbles = w.nibbles(start, n)?.f_view([n, cols / 8, 8])?; // the stored q + 8, 0..15
-            let mut moved = nibbles.f_zeros_like()?.f_select(2, 0)?;
-            for j in 0..8 {
+            let mut moved = nibbles.f_select(2, 0)?; // nibble 0 stays at bit 0
+            for j in 1..8 {
                 moved =
                     moved.f_bitwise_or_tensor(&nibbles.f_select(2, j)?.f_bitwise_left_shift_tensor_scalar(bit(j))?)?;
             }

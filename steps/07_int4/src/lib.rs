@@ -281,8 +281,8 @@ fn repack<'py>(
 /// Int4Linear(weight_packed, weight_scale, cols, dtype="bfloat16", matmul="aten")
 ///
 /// A checkpoint's packed matrix (as `repack` takes it) kept 4-bit as the Engine keeps its linears: repacked once
-/// for `matmul`'s kernel ("aten" or "dot4", as the Engine's int4_matmul), for activations in `dtype` ("dot4":
-/// bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
+/// for `matmul`'s kernel ("aten", "dot4" or "auto", as the Engine's int4_matmul), for activations in `dtype`
+/// ("dot4": bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
 #[pyclass(name = "Int4Linear", module = "torchtpu_int4")]
 struct PyInt4Linear {
     linear: Mutex<int4::Linear>,
@@ -304,10 +304,7 @@ impl PyInt4Linear {
         let w = packed_from(weight_packed, weight_scale, cols)?;
         let dtype = compute_dtype(dtype)?;
         let cpu = Tensor::f_empty([0], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?;
-        let matmul = match matmul {
-            "auto" => return Err(PyValueError::new_err("matmul=\"auto\": name the kernel, \"dot4\" or \"aten\"")),
-            other => choose_matmul(other, dtype, &cpu)?,
-        };
+        let matmul = choose_matmul(matmul, dtype, &cpu)?;
         let linear = int4::Held::new(Weights::Int4, matmul, dtype, false).int4("weight_packed", &w, &cpu)?;
         Ok(PyInt4Linear { linear: Mutex::new(linear), cols, dtype })
     }
@@ -324,14 +321,28 @@ impl PyInt4Linear {
         if x.dim() != 2 || x.size()[1] != self.cols {
             return Err(PyValueError::new_err(format!("x: shape {:?}, need [tokens, {}]", x.size(), self.cols)));
         }
-        let linear = self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: a call panicked"))?;
-        give(py, &linear.forward(&x)?)
+        give(py, &self.held()?.forward(&x)?)
     }
 
     /// Bytes one product reads: nibbles and scales (and ATen's zero points) as held.
     #[getter]
     fn nbytes(&self) -> PyResult<i64> {
-        Ok(self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: a call panicked"))?.bytes())
+        Ok(self.held()?.bytes())
+    }
+
+    /// Which kernel it was made for: "dot4" or "aten".
+    #[getter]
+    fn matmul(&self) -> PyResult<&'static str> {
+        Ok(match *self.held()? {
+            int4::Linear::Dot4(_) => "dot4",
+            _ => "aten",
+        })
+    }
+}
+
+impl PyInt4Linear {
+    fn held(&self) -> PyResult<MutexGuard<'_, int4::Linear>> {
+        self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: an earlier call panicked"))
     }
 }
 
@@ -959,8 +970,7 @@ fn filtered_probs<'py>(
 }
 
 /// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `repack`, `Int4Linear`,
-/// and the versions it
-/// was built with.
+/// and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.

@@ -179,9 +179,9 @@ def test_the_two_kernels_give_the_same_answers(variant, kl):
     """ATen's int4 kernel and this step's: the same products of the same weights, their float32 sums in another
     order (and, with the emb4 twin, its f16 scales exact where ATen's kernel takes them rounded to bf16). An
     output now and then a bf16 step apart, carried through ten layers of bf16 activations, moves the tiny random
-    models' next-token distributions by about as much as the int4 and bf16 paths differ (measured: KL 7e-4 to
-    9e-4); greedy text starts the same (near-ties of a random model part it later: at 12 of 16 with the emb4
-    twin). On the trained model the answers are the same tokens: test_trained.py."""
+    models' next-token distributions by about as much as the int4 and bf16 paths differ (KL 7e-4 to 9e-4 when
+    this test was written); greedy text starts the same (near-ties of a random model part it later: at 12 of 16
+    with the emb4 twin). On the trained model the answers are the same tokens: test_trained.py."""
     if not torchtpu_int4.dot4_runs():
         pytest.skip("this CPU has no AVX512-BF16: torchtpu_dot4_mm does not run")
     name, model, emb4, _ = variant

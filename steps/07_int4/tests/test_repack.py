@@ -229,9 +229,8 @@ def test_malformed_matrices_are_refused():
         linear(torch.ones(2, 32, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="x: Float, need BFloat16"):
         linear(torch.ones(2, 64))
-    with pytest.raises(ValueError, match="matmul=\"auto\": name the kernel"):
-        torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
-                                 matmul="auto")
+    auto = torchtpu_int4.Int4Linear(zeros, ones, 64, matmul="auto")  # as the Engine's int4_matmul="auto"
+    assert auto.matmul == ("dot4" if torchtpu_int4.dot4_runs() else "aten") and linear.matmul == "aten"
     with pytest.raises(ValueError, match="int4_matmul=\"fast\""):
         torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
                                  matmul="fast")

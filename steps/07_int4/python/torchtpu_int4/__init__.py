@@ -32,8 +32,7 @@ from ._engine import (
 )
 
 WEIGHTS = ("auto", "int4", "bf16")
-INT4_MATMULS = ("auto", "dot4", "aten")
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "repack", "INT4_KERNEL", "DOT4_KERNEL", "WEIGHTS", "INT4_MATMULS", "TCH_VERSION", "RUSTC_VERSION",
+           "repack", "INT4_KERNEL", "DOT4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION",
            "BUILT_WITH_TORCH"]

@@ -142,7 +142,8 @@ def dot4_runs() -> bool:
     """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
 
 class Int4Linear:
-    """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten" or "dot4");
+    """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4", or
+    "auto" as the Engine's int4_matmul);
     called on x [tokens, cols] in `dtype`, gives x · Wᵀ in that dtype."""
 
     def __init__(
@@ -151,9 +152,12 @@ class Int4Linear:
         weight_scale: torch.Tensor,
         cols: int,
         dtype: Literal["bfloat16", "float32"] = "bfloat16",
-        matmul: Literal["aten", "dot4"] = "aten",
+        matmul: Literal["aten", "dot4", "auto"] = "aten",
     ) -> None: ...
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
     @property
     def nbytes(self) -> int:
         """Bytes one product reads: nibbles and scales (and ATen's zero points) as held."""
+    @property
+    def matmul(self) -> Literal["aten", "dot4"]:
+        """The kernel it was made for."""
