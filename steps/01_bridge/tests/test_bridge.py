@@ -1,4 +1,5 @@
 """Step 01 checks: the Rust result equals torch's, storage is shared, bad input is a Python exception."""
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,30 +39,40 @@ def test_result_stays_on_cuda():
     assert bridge_rs.matmul_sum(torch.ones(4, 4, device="cuda")).device.type == "cuda"
 
 
-def run_isolated(code: str) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter, so that an abort or a segfault fails one test, not the session."""
-    return subprocess.run([sys.executable, "-c", "import torch, bridge_rs\n" + code],
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize("arg, kind, words", [
     ("[[1.0, 2.0], [3.0, 4.0]]", "TypeError", "matmul_sum(x): expected a torch.Tensor, got list"),
     ("'abc'", "TypeError", "got str"),
     ("torch.ones(2, 3)", "RuntimeError", "cannot be multiplied (2x3 and 2x3)"),
     ("torch.ones(2, 2, dtype=torch.bool)", "RuntimeError", "not implemented for 'Bool'"),
 ])
-def test_bad_input_raises_a_python_exception(arg, kind, words):
+def test_bad_input_raises_a_python_exception(isolated, arg, kind, words):
+    # in a child process (conftest's `isolated`): an abort or a segfault fails this case, not the session
     code = f"""
+import torch, bridge_rs
 try:
     bridge_rs.matmul_sum({arg})
 except {kind} as e:
     print("raised:", e)
 """
-    p = run_isolated(code)
+    p = isolated.run(code)
     assert p.returncode == 0, p.stderr  # no abort, no segfault, no PanicException (a BaseException)
     assert "raised:" in p.stdout and words in p.stdout, p.stdout
     assert "Exception raised from" not in p.stdout  # torch's message, without the C++ stack
 
+
+
+def test_a_crash_or_an_escaped_exception_fails_only_its_own_case(bare_isolated):
+    """The isolation the bad-input cases rely on: cases share one child until one crashes (a segfault) or lets an
+    exception escape (as a Rust panic's PanicException would); that case fails, and the next runs in a new child."""
+    first = bare_isolated.run("import os; print(os.getpid())")
+    assert bare_isolated.run("import os; print(os.getpid())").stdout == first.stdout  # one interpreter
+    crash = bare_isolated.run("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    assert (crash.returncode, crash.stdout) == (-signal.SIGSEGV, "before\n")
+    escaped = bare_isolated.run("raise BaseException('a panic')")
+    assert escaped.returncode == 1 and "BaseException: a panic" in escaped.stderr
+    after = bare_isolated.run("import os, sys; print(os.getpid(), *sys.argv[1:])", "an argument")
+    assert after.returncode == 0 and after.stdout.split()[1:] == ["an", "argument"]
+    assert after.stdout.split()[0] != first.stdout.strip()
 
 def test_run_py_prints_the_article_line():
     out = subprocess.run([sys.executable, str(RUN), "--device", "cpu"], capture_output=True, text=True,

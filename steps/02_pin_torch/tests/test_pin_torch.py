@@ -1,5 +1,6 @@
 """Step 02 checks: the torch pin is verified, and `on` moves tensors by device while keeping their dtype."""
 import importlib.util
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -76,12 +77,27 @@ def test_arange_built_in_rust_lands_on_like_device(device, dtype):
     ("pin_torch_rs.arange_on(-1, torch.zeros(1))", "ValueError", "n must be >= 0, got -1"),
     ("pin_torch_rs.arange_on(3, torch.zeros(1), 'float8')", "ValueError", 'dtype="float8" is not supported'),
 ])
-def test_bad_input_raises_a_python_exception(call, kind, words):
+def test_bad_input_raises_a_python_exception(isolated, call, kind, words):
+    # in a child process (conftest's `isolated`): an abort or a segfault fails this case, not the session
     code = f"import torch, pin_torch_rs\ntry:\n    {call}\nexcept {kind} as e:\n    print('raised:', e)\n"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    p = isolated.run(code)
     assert p.returncode == 0, p.stderr  # a crash or a PanicException fails here
     assert "raised:" in p.stdout and words in p.stdout, p.stdout
 
+
+
+def test_a_crash_or_an_escaped_exception_fails_only_its_own_case(bare_isolated):
+    """The isolation the bad-input cases rely on: cases share one child until one crashes (a segfault) or lets an
+    exception escape (as a Rust panic's PanicException would); that case fails, and the next runs in a new child."""
+    first = bare_isolated.run("import os; print(os.getpid())")
+    assert bare_isolated.run("import os; print(os.getpid())").stdout == first.stdout  # one interpreter
+    crash = bare_isolated.run("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    assert (crash.returncode, crash.stdout) == (-signal.SIGSEGV, "before\n")
+    escaped = bare_isolated.run("raise BaseException('a panic')")
+    assert escaped.returncode == 1 and "BaseException: a panic" in escaped.stderr
+    after = bare_isolated.run("import os, sys; print(os.getpid(), *sys.argv[1:])", "an argument")
+    assert after.returncode == 0 and after.stdout.split()[1:] == ["an", "argument"]
+    assert after.stdout.split()[0] != first.stdout.strip()
 
 def test_run_py_prints_the_check_and_the_moved_tensor():
     out = subprocess.run([sys.executable, str(RUN), "--device", "cpu"], capture_output=True, text=True,
