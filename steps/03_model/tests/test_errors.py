@@ -1,11 +1,11 @@
 """Every bad input is a Python exception that names the problem — never a crash, an abort or a Rust panic.
 
-Each case runs in a fresh interpreter: a segfault or an abort fails that case instead of the whole run, and
-a Rust panic (PyO3's PanicException, a BaseException) is not caught by the `except` and fails it too."""
+Each case runs in a child interpreter (conftest's `isolated`: one for the module, replaced after any case that
+crashes): a segfault or an abort fails that case instead of the whole run, and a Rust panic (PyO3's PanicException,
+a BaseException) is not caught by the `except` and fails it too."""
 import json
 import shutil
-import subprocess
-import sys
+import signal
 
 import pytest
 import torch
@@ -98,9 +98,9 @@ def E(model, emb4=None, dtype="float32"):
 """
 
 
-def run_case(folder, call, kind):
+def run_case(isolated, folder, call, kind):
     code = f"{PRELUDE}\ntry:\n    {call}\nexcept {kind} as e:\n    print('raised:', e)\n"
-    return subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=300)
+    return isolated.run(code, str(folder), timeout=300)
 
 
 def check(proc, words):
@@ -118,17 +118,31 @@ def broken_copy(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("name, breakit, call, kind, words", LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
-def test_a_broken_checkpoint_raises(broken_copy, name, breakit, call, kind, words):
+def test_a_broken_checkpoint_raises(isolated, broken_copy, name, breakit, call, kind, words):
     breakit(broken_copy)
-    check(run_case(broken_copy, call, kind), words)
+    check(run_case(isolated, broken_copy, call, kind), words)
 
 
 @pytest.mark.parametrize("name, call, kind, words", CALL_CASES, ids=[c[0] for c in CALL_CASES])
-def test_a_bad_argument_raises(tiny, name, call, kind, words):
-    check(run_case(tiny / "text", call, kind), words)
+def test_a_bad_argument_raises(isolated, tiny, name, call, kind, words):
+    check(run_case(isolated, tiny / "text", call, kind), words)
 
 
-def test_the_original_is_untouched_by_a_failed_load(tiny):
+def test_the_original_is_untouched_by_a_failed_load(isolated, tiny):
     before = (tiny / "text" / TENSORS).stat().st_mtime_ns
-    check(run_case(tiny / "text", "E(M).generate([], 1)", "ValueError"), "empty")
+    check(run_case(isolated, tiny / "text", "E(M).generate([], 1)", "ValueError"), "empty")
     assert (tiny / "text" / TENSORS).stat().st_mtime_ns == before
+
+
+def test_a_crash_or_an_escaped_exception_fails_only_its_own_case(bare_isolated):
+    """The isolation these cases rely on: cases share one child until one crashes (a segfault) or lets an exception
+    escape (as a Rust panic's PanicException would); that case fails, and the next runs in a new child."""
+    first = bare_isolated.run("import os; print(os.getpid())")
+    assert bare_isolated.run("import os; print(os.getpid())").stdout == first.stdout  # one interpreter
+    crash = bare_isolated.run("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    assert (crash.returncode, crash.stdout) == (-signal.SIGSEGV, "before\n")
+    escaped = bare_isolated.run("raise BaseException('a panic')")
+    assert escaped.returncode == 1 and "BaseException: a panic" in escaped.stderr
+    after = bare_isolated.run("import os, sys; print(os.getpid(), *sys.argv[1:])", "an argument")
+    assert after.returncode == 0 and after.stdout.split()[1:] == ["an", "argument"]
+    assert after.stdout.split()[0] != first.stdout.strip()
