@@ -29,7 +29,7 @@ STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build
 	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
 	-o -name '*.json' -o -name '*.safetensors' -o -name '*.cpp' \) -print)
 
-.PHONY: run test bench bench-avx2 train setup clean distclean
+.PHONY: run test bench bench-avx2 peer train setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml Makefile
@@ -71,6 +71,14 @@ bench: setup
 bench-avx2: setup
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
 		python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
+
+# llama.cpp, the benches' peer (step 04's second reference, step 05's llama.cpp ways): PyPI's llama-cpp-python,
+# pinned, built from its source distribution with the cmake wheel, twice — native (-march=native) and kept to AVX2
+# (the stand-in's) — into $(CACHE)/llama-cpp-python-<version>/, keyed on the flags, beside its converter; the
+# native build is installed into .venv. 6-12 minutes a build on 2 cores, 150 MB of cache. Never part of `make test`:
+# the tests that need it skip without it.
+peer: setup
+	tools/peer.sh native avx2
 
 # The default model, trained again from scratch (about an hour and a half on 2 cores; resumes if interrupted),
 # exported, measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped

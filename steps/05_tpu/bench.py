@@ -2,7 +2,9 @@
 numbers comparable across machines — measured memory bandwidth, the bytes each way reads per decode token
 (weights as held, and the cached keys and values its attention reads), and the fraction of the bandwidth limit
 each way reaches — and the project's targets, met or not. With step 07 installed, its int4 way runs too, and
-again beside Rust eager at a short context (`--short-ctx`).
+again beside Rust eager at a short context (`--short-ctx`). With `make peer` done, llama.cpp's ways
+(`llamacpp-q4_0`, `llamacpp-q8_0`, ...: torchtpu_ways.peer) run beside them on GGUFs made from the same checkpoint,
+from the same prompt ids, and the ratios to the best of them are printed (no target of theirs: figures as they are).
 
 usage: python bench.py [--repeat 3] [--max-new 64] [--ways ...] [--short-ctx 4096] [--dtype bfloat16]
                        [--json PATH] [--chart PNG]
@@ -14,13 +16,14 @@ import contextlib
 import importlib.util
 
 import torch
+from torchtpu_parity import peer
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_ways import prompt
 from torchtpu_ways.bandwidth import best_seconds, kv_bytes_per_token, memory_bandwidth_gb_s
 from torchtpu_ways.baseline import linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
-from torchtpu_ways.ways import WAYS, label, median_row, run_way
+from torchtpu_ways.ways import PEER, WAYS, label, median_row, run_way
 
 
 @contextlib.contextmanager
@@ -151,6 +154,34 @@ def targets(rows: dict, short: dict) -> list[tuple[str, float | None, str, float
 # --8<-- [end:targets]
 
 
+# --8<-- [start:peer_ratios]
+def peer_ratios(rows: dict) -> list[tuple[str, float | None, None, None]]:
+    """Rust int4 / llama.cpp Q4_0 and Rust eager / llama.cpp Q8_0 and bf16, decode tok/s, each against the fastest
+    llama.cpp row of that format that ran (build × repacking: its best is found, not assumed), named in the line.
+    No target: (name, value, None, None) for `judge`."""
+    out = []
+    for ours, quant in (("rust-int4", "q4_0"), ("rust-eager", "q8_0"), ("rust-eager", "bf16")):
+        theirs = [r for way, r in rows.items() if peer.is_peer(way) and peer.parse_way(way)[1] == quant]
+        if not theirs or ours not in rows:
+            continue
+        best = max(theirs, key=lambda r: r["streamed_tok_s"])
+        out.append((f"{label(rows[ours])} decode / {label(best)} decode",
+                    rows[ours]["streamed_tok_s"] / best["streamed_tok_s"], None, None))
+    return out
+# --8<-- [end:peer_ratios]
+
+
+def peer_lines(rows: list[dict]) -> list[str]:
+    """Which llama.cpp each llama.cpp row ran: version, build flags, what its CPU backend reported."""
+    seen = {}
+    for row in rows:
+        if peer.is_peer(row["way"]) and row["available"]:
+            seen.setdefault(row["build"], f"llama.cpp {row['build']} build: llama-cpp-python {row['peer_version']} "
+                            f"from its sdist, cmake {row['cmake_args']}, {row['threads']} threads; "
+                            f"{row['system_info']}")
+    return list(seen.values())
+
+
 def chart(rows: list[dict], path: str) -> None:
     """Decode tok/s (streamed, in batches) and peak memory per way, side by side."""
     import matplotlib
@@ -159,18 +190,20 @@ def chart(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     ran = [r for r in rows if r["available"]]
-    names = [label(r) for r in ran]
-    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 3.8))
+    names = [label(r).replace(" (", "\n(") for r in ran]  # llama.cpp's: its build and setting on a second line
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11 + 0.6 * max(0, len(ran) - 5), 4.2))
     x = range(len(ran))
+    nan = float("nan")  # llama.cpp's rows have no "in batches" figure: every token reaches the host as made
     speed.bar([i - 0.2 for i in x], [r["streamed_tok_s"] for r in ran], 0.4, label="streamed")
-    speed.bar([i + 0.2 for i in x], [r["batched_tok_s"] for r in ran], 0.4, label="in batches (every 8)")
+    speed.bar([i + 0.2 for i in x], [r["batched_tok_s"] or nan for r in ran], 0.4, label="in batches (every 8)")
     speed.set_ylabel("decode tok/s")
     speed.legend()
     memory.bar(list(x), [r["peak_gb"] for r in ran], 0.5, color="tab:gray")
     memory.set_ylabel("peak memory, GB")
     for ax in (speed, memory):
-        ax.set_xticks(list(x), names, rotation=12, fontsize=8)
-    fig.suptitle("Gemma 4 E2B-shaped, random W4A16 weights, on this CPU (higher is better / lower is better)")
+        ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=7)
+    fig.suptitle("Gemma 4 E2B-shaped, random W4A16 weights, on this CPU (higher is better / lower is better)"
+                 + ("; llama.cpp on GGUFs of the same checkpoint" if any(peer.is_peer(r["way"]) for r in ran) else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -209,6 +242,18 @@ def main() -> None:
         + f"; 64 mat-vecs through each round {apart} of {64 * 6144} outputs apart", flush=True)
 
     cfg = TextConfig.from_file(model / "config.json")
+    ways = args.ways.split(",")
+    if bad := [w for w in ways if w not in WAYS + ["rust-int4"] + PEER]:
+        ap.error(f"--ways: unknown {', '.join(bad)}")
+    # llama.cpp's GGUFs of this checkpoint, made once before any way is timed (minutes at E2B size), then cached
+    quants = sorted({peer.parse_way(w)[1] for w in ways if peer.is_peer(w) and not peer.missing(w)})
+    if quants:
+        from torchtpu_parity import to_gguf
+
+        files = to_gguf.ggufs(model, quants)
+        print("llama.cpp's GGUFs of this checkpoint (its converter, bf16; its quantizer): " + ", ".join(
+            f"{q} {f.stat().st_size / 1e9:.2f} GB" for q, f in files.items()) + f", in {files[quants[0]].parent}",
+            flush=True)
 
     def measure(ways: list[str], at: int) -> list[dict]:
         """A row per way: the medians of its `--repeat` fresh processes, the ways taking turns, so that a slow
@@ -227,7 +272,7 @@ def main() -> None:
                 row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
         return rows
 
-    rows = measure(args.ways.split(","), ctx)
+    rows = measure(ways, ctx)
     by_way = {r["way"]: r for r in rows if r["available"]}
     # step 07's target at a short context: the ratio to Rust eager, measured side by side there too
     short_ways = ["rust-eager", "rust-int4"] if args.short_ctx and {"rust-eager", "rust-int4"} <= set(by_way) else []
@@ -250,7 +295,8 @@ def main() -> None:
         print(f"at ctx {args.short_ctx}: {label(row)} decodes {row['streamed_tok_s']:.1f} tok/s streamed, "
               f"peak {row['peak_gb']:.2f} GB")
 
-    checks, lines = judge(targets(by_way, short))
+    print("\n".join(peer_lines(rows)))
+    checks, lines = judge(targets(by_way, short) + peer_ratios(by_way))
     print("targets (ratios of medians from this run):")
     print("\n".join(lines))
 

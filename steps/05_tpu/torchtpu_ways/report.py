@@ -34,9 +34,14 @@ def identity_lines(rows: list[dict]) -> list[str]:
 
 def judge(targets: list[tuple[str, float | None, str, float]]) -> tuple[list[dict], list[str]]:
     """Each (target, measured ratio, ">=" or "<=", bound) judged: records for the JSON and lines to print.
-    A ratio that could not be measured is "not measured", never met."""
+    A ratio that could not be measured is "not measured", never met. With op None (a ratio to llama.cpp), there
+    is nothing to meet: the figure is shown as measured."""
     checks, lines = [], []
     for name, value, op, bound in targets:
+        if op is None:
+            checks.append({"target": name, "value": value, "op": None, "bound": None, "met": None})
+            lines.append(f"  {name}: {'n/a' if value is None else f'{value:.2f}'}  (measured; no target)")
+            continue
         met = None if value is None else (value >= bound if op == ">=" else value <= bound)
         checks.append({"target": name, "value": value, "op": op, "bound": bound, "met": met})
         shown = "n/a" if value is None else f"{value:.2f}"

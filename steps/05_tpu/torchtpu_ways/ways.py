@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from torchtpu_parity import peer
+
 from . import tpu
 
 WAYS = ["rust-fused", "rust-eager", "python-compile", "python-eager"]
@@ -21,6 +23,8 @@ NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile
          "python-eager": "Python eager", "rust-int4": "Rust int4"}
 # Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit.
 OPTIONAL = ["rust-int4"]
+# llama.cpp, the peer (peer.py): `llamacpp[-avx2]-<q4_0|q8_0|bf16>[-norepack]`, run only when asked for
+PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
            "read_s", "read_tok_s", "bytes_per_token"]
@@ -56,8 +60,18 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
     `batched=False` skips the read-every-8 run; `cold="prefix"` makes the cold run read only a prefix with the
     same chunk shapes (long prompts: one full read, not two); `stop`: ids that end generation early (the
     checkpoint's eos ids), None for exactly `max_new` tokens."""
-    if way not in WAYS + OPTIONAL:
-        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}")
+    if way not in WAYS + OPTIONAL + PEER:
+        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: "
+                         "llamacpp[-avx2]-<q4_0|q8_0|bf16>[-norepack]")
+    if peer.is_peer(way):  # its own process and worker (peer_run); a crash there is a row, not an error
+        from .peer_run import PeerUnavailable, run
+
+        if str(device).split(":")[0] != "cpu":
+            return unavailable(way, "make peer builds llama.cpp for the CPU only")
+        try:
+            return run(way, model, ctx, ids, max_new, stop)
+        except PeerUnavailable as why:
+            return unavailable(way, str(why))
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
         return unavailable(way, tpu.NO_TPU)
     if way == "rust-int4" and python == sys.executable and importlib.util.find_spec("torchtpu_int4") is None:
@@ -90,7 +104,10 @@ def median_row(rows: list[dict]) -> dict:
 
 
 def label(row: dict) -> str:
-    """`Rust eager, torch 2.13`: the way and the torch it ran on (`2.14.1` kept whole when the patch is not 0)."""
+    """`Rust eager, torch 2.13`: the way and the torch it ran on (`2.14.1` kept whole when the patch is not 0);
+    a llama.cpp way by its format, build and setting."""
+    if peer.is_peer(row["way"]):
+        return peer.name(row["way"])
     if not row["torch"]:
         return NAMES[row["way"]]
     release = row["torch"].split("+")[0]
