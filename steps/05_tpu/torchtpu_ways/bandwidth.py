@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from .baseline import decode_slots_for
 from .checkpoint import TextConfig
+from .slots import decode_slots_for
 
 
 def best_seconds(call: Callable[[], object], tries: int) -> float:

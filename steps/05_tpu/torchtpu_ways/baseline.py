@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import Checkpoint, DenseTable, PackedTable, TextConfig, nbytes
+from .slots import DECODE_SLOTS, decode_slots_for, full_slots_for  # the cache's rules (re-exported here too)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -256,35 +257,12 @@ class PerLayerInputs:
         return (context + identity.view(shape)) * 2 ** -0.5
 
 
-# --8<-- [start:full_slots]
-def full_slots_for(end: int, chunk: int, ctx: int) -> int:
-    """How many slots of a full cache a prompt chunk ending at position `end` (exclusive) attends over: all it can
-    see lies in slots 0..end (a prompt fills a full cache from slot 0, never wrapping it), rounded up to `chunk`
-    times a power of two and capped at `ctx` — few shapes to compile, and no scores for slots that are certainly
-    empty. The extra slots are masked: their probabilities are exactly 0 and change nothing."""
-    slots = chunk
-    while slots < end:
-        slots *= 2
-    return min(slots, ctx)
-# --8<-- [end:full_slots]
-
-
 # --8<-- [start:decode_slots]
-DECODE_SLOTS = ("bucket", "all")
-
-
 def decode_slots_default(device) -> str:
     """What a decode step attends over unless told: on a TPU all `ctx` slots (one shape, so one compiled program at
     every position: the article's point); elsewhere the visible bucket (a few shapes, no work on empty slots)."""
     kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
     return "all" if kind == "tpu" else "bucket"
-
-
-def decode_slots_for(pos: int, chunk: int, ctx: int, decode_slots: str) -> int:
-    """How many slots of a full cache a decode step at position `pos` attends over: a full cache holds position p in
-    slot p and decoding never passes ctx, so the step sees slots 0..pos — rounded up as a prompt chunk's ("bucket"),
-    or all ctx ("all"). Both give the same bits: the extra slots are masked."""
-    return full_slots_for(pos + 1, chunk, ctx) if decode_slots == "bucket" else ctx
 # --8<-- [end:decode_slots]
 
 
@@ -460,7 +438,7 @@ class Baseline:
         # raising.
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
         if compile:
-            from .compiling import allow_recompiles  # here, not at the top: `compiling` imports this module
+            from .compiling import allow_recompiles  # here, not at the top: importing dynamo takes seconds
 
             allow_recompiles(ctx, cfg.sliding_window, self.decode_slots)
         # --8<-- [end:compile]

@@ -1,6 +1,8 @@
 """The compile harness around the baseline: the shapes a compiler sees, dynamo's recompile limit, and what dynamo
-counted. Dynamo is imported only inside these functions: importing it takes seconds, and eager runs skip it."""
-from .baseline import decode_slots_for, full_slots_for
+counted. Dynamo is imported only inside these functions: importing it takes seconds, and eager runs skip it.
+The slot rules come from `slots` (the cache's), not from the baseline: the baseline imports this module, never
+the other way round."""
+from .slots import decode_slots_for, full_slots_for
 
 
 # --8<-- [start:chunk_shapes]
