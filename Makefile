@@ -22,6 +22,12 @@ export LIBTORCH_USE_PYTORCH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
+# The AVX2 stand-in: with these, torch's dispatch and oneDNN use no more of the CPU than an AVX2-only CPU has (no
+# bf16 matmul hardware), and so does step 07's kernel choice. `make test` runs AVX2_TESTS under it a second time.
+AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
+	steps/03_model/tests/test_records.py steps/04_parity/tests/test_parity.py steps/07_int4/tests
+
 STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
 RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
 # what a step installs: its Rust crate and its Python package (not its tests, scripts' build output or targets)
@@ -58,6 +64,9 @@ test: setup
 	@echo "== each step copied out of the repository, installed into its own fresh virtualenv, its tests run there"
 	@echo "   (the only run of the steps' tests in make test: \`python -m pytest\` runs them in place too)"
 	python -m pytest tests/copy
+	@echo "== the tests whose expectations depend on the CPU's defaults, again with torch and oneDNN kept to AVX2:"
+	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
+	$(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
 	python -m pytest tests/site
@@ -69,8 +78,7 @@ bench: setup
 # The same E2B bench with torch and oneDNN kept to AVX2 on this CPU: how the AVX2-only CPUs many readers have fare
 # (no bf16 matmul hardware). A stand-in, labeled as such in its record; a real AVX2 chip has its own clocks and caches.
 bench-avx2: setup
-	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
-		python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
+	$(AVX2_LIMIT) python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
 
 # llama.cpp, the benches' peer (step 04's second reference, step 05's llama.cpp ways): PyPI's llama-cpp-python,
 # pinned, built from its source distribution with the cmake wheel, twice — native (-march=native) and kept to AVX2

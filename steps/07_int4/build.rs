@@ -21,14 +21,19 @@ fn main() {
     let include = ask_python("import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))");
     cc::Build::new().cpp(true).std("c++17").include(&include).warnings(false).file("src/onednn.cpp").compile("onednn");
     println!("cargo:rerun-if-changed=src/onednn.cpp");
-    // This step's int4 kernel (see src/dot4.rs). It splits its rows with at::parallel_for, which ATen's headers
-    // implement with OpenMP: compiled with -fopenmp, it runs on torch's own thread pool (torch's libgomp, found
-    // through the rpath above), so torch.set_num_threads sets its threads too.
-    let mut dot4 = cc::Build::new();
-    dot4.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
-    dot4.file("src/dot4.cpp").compile("dot4");
+    // ATen's vector ISA for this process (see src/cpu.rs).
+    cc::Build::new().cpp(true).std("c++17").include(&include).warnings(false).file("src/cpu.cpp").compile("aten_isa");
+    println!("cargo:rerun-if-changed=src/cpu.cpp");
+    // This step's int4 kernels (see src/dot4.rs). They split their rows with at::parallel_for, which ATen's headers
+    // implement with OpenMP: compiled with -fopenmp, they run on torch's own thread pool (torch's libgomp, found
+    // through the rpath above), so torch.set_num_threads sets their threads too. Each function says the
+    // instructions it uses (`target` attributes), so the files build for any x86-64 and run where cpu.rs says.
+    let mut kernels = cc::Build::new();
+    kernels.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
+    kernels.file("src/dot4.cpp").file("src/fma4.cpp").compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
+    println!("cargo:rerun-if-changed=src/fma4.cpp");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

@@ -207,7 +207,8 @@ def test_memory_itemizes_what_the_engine_holds(tiny):
     def nbytes(*tensors):
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    held = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX).memory()
+    engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX)
+    held = engine.memory()
     assert list(held) == ["linears", "head", "embed_tokens", "embed_tokens_per_layer", "norms and scalars",
                           "kv caches"]
     assert held["linears"] == 2 * weights
@@ -221,10 +222,12 @@ def test_memory_itemizes_what_the_engine_holds(tiny):
     table = "model.embed_tokens_per_layer"
     assert with_twin["embed_tokens_per_layer"] == nbytes(twin[f"{table}.weight_packed"], twin[f"{table}.weight_scale"])
     assert with_twin["head"] == 2 * int(twin["lm_head.weight_shape"].prod())
-    # keys and values of every layer that owns a cache, in bf16, and the slot positions (int64) of both kinds
+    # keys and values of every layer that owns a cache, in the dtype attention computes in (bf16 by default, float32
+    # on a CPU without bf16 matmul hardware: the engine says which), and the slot positions (int64) of both kinds
     ring = 2 * config["sliding_window"]
     owners = config["layer_types"][: layers - shared]
     full, sliding = owners.count("full_attention"), owners.count("sliding_attention")
     heads = config["num_key_value_heads"]
-    kv = 2 * 2 * heads * (full * CTX * config["global_head_dim"] + sliding * ring * config["head_dim"])
+    kv_bytes = torch.empty(0, dtype=getattr(torch, engine.attention_dtype)).element_size()
+    kv = 2 * kv_bytes * heads * (full * CTX * config["global_head_dim"] + sliding * ring * config["head_dim"])
     assert held["kv caches"] == kv + 8 * (CTX + ring)

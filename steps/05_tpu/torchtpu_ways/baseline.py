@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import Checkpoint, DenseTable, PackedTable, TextConfig, nbytes
+from .inductor_cache import key_on_this_cpu
 from .slots import DECODE_SLOTS, decode_slots_for, full_slots_for  # the cache's rules (re-exported here too)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -438,6 +439,7 @@ class Baseline:
         # raising.
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
         if compile:
+            key_on_this_cpu()  # graphs compiled under the AVX2 limit and without it must not meet (inductor_cache)
             from .compiling import allow_recompiles  # here, not at the top: importing dynamo takes seconds
 
             allow_recompiles(ctx, cfg.sliding_window, self.decode_slots)

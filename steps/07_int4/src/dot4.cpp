@@ -88,7 +88,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
 
 }  // namespace
 
-extern "C" bool torchtpu_dot4_runs() {
+extern "C" bool torchtpu_dot4_supported() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512bf16");
 }

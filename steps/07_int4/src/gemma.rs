@@ -16,9 +16,10 @@ use tch::{Device, Kind, Tensor};
 use crate::bridge::on;
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
-use crate::int4::{Held, Int4Matmul, Linear, Weights};
+use crate::linear::{Held, Int4Matmul, Linear, Weights};
 use crate::onednn::one_row_in_aten;
-use crate::weights::{Checkpoint, MappedTable, Packed};
+use crate::packed::Packed;
+use crate::weights::{Checkpoint, MappedTable};
 
 /// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows; or left
 /// in the memory-mapped file, its rows copied out when gathered.

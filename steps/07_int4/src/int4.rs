@@ -1,4 +1,5 @@
-//! Step 07's one change: linears kept 4-bit, in the layout of ATen's CPU int4 kernel, and multiplied by it.
+//! Step 07's one change: linears kept 4-bit, here in the layout of ATen's CPU int4 kernel, and multiplied by it
+//! (dot4.rs has this step's own kernels; linear.rs picks one).
 //!
 //! The checkpoint stores each weight as the nibble `q + 8` (q in -8..7), eight to an int32 word, low nibble first,
 //! with one scale per group of columns. ATen's weight-only kernel (`aten::_weight_int4pack_mm_for_cpu`, torch
@@ -15,55 +16,14 @@
 //! * scales and zeros: `[K / group, N, 2]` in the activation dtype. ATen checks only its last two sizes: a
 //!   shorter first one is read past its end, and a non-contiguous one is read as if it were contiguous, so this
 //!   module makes and checks them itself.
-use std::cell::RefCell;
-
 use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
-use crate::dot4::{self, Dot4Linear};
 use crate::error::{invalid, Error, Result};
-use crate::weights::Packed;
+use crate::packed::{refuses, Packed, REPACK_ROWS};
 
 /// The op that multiplies (named in every error about it).
 pub const KERNEL: &str = "aten::_weight_int4pack_mm_for_cpu";
-/// The group sizes the kernel takes.
-pub const GROUPS: [i64; 4] = [32, 64, 128, 256];
-/// Rows repacked at a time: a multiple of the kernel's row block (64), so the blocks' bytes are the whole's, and
-/// small enough that the int32 nibbles of a block (6 MB at E2B width) never add up to a whole head (1.6 GB).
-pub const REPACK_ROWS: i64 = 1024;
-
-/// How the engine holds its linears.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Weights {
-    /// 4-bit, in the kernel's layout, multiplied by the int4 kernel.
-    Int4,
-    /// Dequantized once at load, as compressed-tensors does (step 03): bf16 values, held in the compute dtype.
-    Bf16,
-}
-
-impl Weights {
-    pub fn name(self) -> &'static str {
-        match self {
-            Weights::Int4 => "int4",
-            Weights::Bf16 => "bf16",
-        }
-    }
-}
-
-// --8<-- [start:check]
-/// Why the kernel cannot take a `[rows, cols]` weight with groups of `group` columns, if it cannot.
-pub fn refuses(rows: i64, cols: i64, group: i64) -> Option<String> {
-    if !GROUPS.contains(&group) {
-        Some(format!("group_size {group}: {KERNEL} takes groups of 32, 64, 128 or 256 columns"))
-    } else if cols % group != 0 {
-        Some(format!("{cols} columns are not a multiple of group_size {group}"))
-    } else if rows % 16 != 0 {
-        Some(format!("{rows} rows: the kernel's layout (_convert_weight_to_int4pack_for_cpu) needs a multiple of 16"))
-    } else {
-        None
-    }
-}
-// --8<-- [end:check]
 
 // --8<-- [start:int4]
 /// A linear layer kept 4-bit: `y = x · Wᵀ` with `W[n, k] = (nibble - 8) · scale[n, k / group]`.
@@ -126,84 +86,6 @@ impl Int4Linear {
 }
 // --8<-- [end:int4]
 
-/// Which kernel multiplies the matrices kept 4-bit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Int4Matmul {
-    /// ATen's, `aten::_weight_int4pack_mm_for_cpu`: any x86 CPU.
-    Aten,
-    /// This step's, `torchtpu_dot4_mm` (dot4.rs): CPUs with AVX512-BF16, bfloat16 activations.
-    Dot4,
-}
-
-impl Int4Matmul {
-    pub fn name(self) -> &'static str {
-        match self {
-            Int4Matmul::Aten => "aten",
-            Int4Matmul::Dot4 => "dot4",
-        }
-    }
-
-    /// The op, as errors and `weights_reason` name it.
-    pub fn kernel(self) -> &'static str {
-        match self {
-            Int4Matmul::Aten => KERNEL,
-            Int4Matmul::Dot4 => dot4::KERNEL,
-        }
-    }
-}
-
-/// A linear layer as the engine holds it.
-pub enum Linear {
-    /// `[out, in]` in the compute dtype (step 03's).
-    Dense(Tensor),
-    Int4(Int4Linear),
-    Dot4(Dot4Linear),
-}
-
-impl Linear {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Linear::Dense(w) => crate::onednn::linear(x, w),
-            Linear::Int4(w) => w.forward(x),
-            Linear::Dot4(w) => w.forward(x),
-        }
-    }
-
-    pub fn bytes(&self) -> i64 {
-        match self {
-            Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
-            Linear::Int4(w) => w.bytes(),
-            Linear::Dot4(w) => w.bytes(),
-        }
-    }
-}
-
-/// How `Gemma::load` makes its linears: what to hold them as, and, when the choice was `"auto"`, which ones the
-/// kernel refused and were kept dense instead.
-pub struct Held {
-    pub weights: Weights,
-    /// The kernel for the matrices kept 4-bit.
-    pub matmul: Int4Matmul,
-    pub dtype: Kind,
-    /// `weights="auto"`: a matrix the kernel cannot take stays dense (and is listed) instead of failing the load.
-    pub fallback: bool,
-    pub kept_dense: RefCell<Vec<String>>,
-}
-
-impl Held {
-    pub fn new(weights: Weights, matmul: Int4Matmul, dtype: Kind, fallback: bool) -> Held {
-        Held { weights, matmul, dtype, fallback, kept_dense: RefCell::new(Vec::new()) }
-    }
-
-    /// The packed matrix `name` kept 4-bit for the chosen kernel, on like's device.
-    pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
-        Ok(match self.matmul {
-            Int4Matmul::Aten => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
-            Int4Matmul::Dot4 => Linear::Dot4(Dot4Linear::new(name, w)?),
-        })
-    }
-}
-
 /// Whether the int4 kernel runs on like's device, tried on a small matrix and checked against the dequantized
 /// product; `Err` says why not (on a GPU or a TPU: the op has no kernel there).
 pub fn probe(like: &Tensor) -> std::result::Result<(), String> {
@@ -236,29 +118,12 @@ pub fn probe(like: &Tensor) -> std::result::Result<(), String> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::packed::tests::random_matrix;
 
     fn cpu() -> Tensor {
         Tensor::zeros([0], (Kind::Float, Device::Cpu))
-    }
-
-    /// A random packed matrix `[rows, cols]` in the checkpoint's format: nibbles `q + 8`, eight to an int32 word,
-    /// low first, and bf16 scales for groups of 32 columns.
-    pub(crate) fn random_matrix(rows: i64, cols: i64, seed: i64) -> Packed {
-        random_matrix_scaled_in(rows, cols, seed, Kind::BFloat16)
-    }
-
-    /// The same with scales in `kind`: bf16 as in the -text checkpoints, or f16 as in the emb4 twin's tables.
-    pub(crate) fn random_matrix_scaled_in(rows: i64, cols: i64, seed: i64, kind: Kind) -> Packed {
-        tch::manual_seed(seed);
-        let nibbles = Tensor::randint(16, [rows, cols / 8, 8], (Kind::Int, Device::Cpu));
-        let mut words = Tensor::zeros([rows, cols / 8], (Kind::Int, Device::Cpu));
-        for i in 0..8 {
-            words = words.bitwise_or_tensor(&nibbles.select(2, i).bitwise_left_shift_tensor_scalar(4 * i));
-        }
-        let scale = (Tensor::rand([rows, cols / 32], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(kind);
-        Packed::new(words, scale, cols).unwrap()
     }
 
     #[test]
@@ -266,7 +131,7 @@ pub(crate) mod tests {
         assert_eq!(refuses(2048, 1536, 32), None); // E2B's q_proj
         assert_eq!(refuses(262144, 1536, 32), None); // its head
         assert!(refuses(40, 64, 32).unwrap().contains("40 rows"));
-        assert!(refuses(32, 64, 16).unwrap().contains("group_size 16: aten::_weight_int4pack_mm_for_cpu takes"));
+        assert!(refuses(32, 64, 16).unwrap().contains("group_size 16: the int4 kernels take"));
         assert!(refuses(32, 96, 64).unwrap().contains("96 columns are not a multiple of group_size 64"));
         let error = Int4Linear::new("model.layers.0.mlp.up_proj", &random_matrix(40, 64, 0), Kind::BFloat16, &cpu());
         let Err(Error::Unsupported(msg)) = error else { panic!("a 40-row matrix must be refused") };

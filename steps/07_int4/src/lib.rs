@@ -6,11 +6,14 @@
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
 mod bridge;
 mod config;
+mod cpu;
 mod dot4;
 mod error;
 mod gemma;
 mod int4;
+mod linear;
 mod onednn;
+mod packed;
 mod sampling;
 mod weights;
 
@@ -27,7 +30,8 @@ use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use error::Error;
 use gemma::{Cache, DecodeSlots, Gemma, Generation};
-use int4::{Int4Matmul, Weights};
+use dot4::Kernel;
+use linear::{Int4Matmul, Weights};
 use sampling::{Rng, Sampling};
 use weights::Checkpoint;
 
@@ -80,8 +84,8 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
 }
 
 /// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
-/// where torch's bf16 matmul has no fast path (oneDNN finds no AVX-512 or AMX there: torch's
-/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), where float32 attention is several times faster.
+/// where torch's bf16 matmul has no fast path (`cpu::fast_bf16_matmul`), where float32 attention is several times
+/// faster.
 fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) -> PyResult<Kind> {
     match arg {
         Some(name) => compute_dtype(name).map_err(|_| {
@@ -90,9 +94,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
         None if dtype == Kind::Float => Ok(Kind::Float),
         None => {
             let device: String = like.getattr("device")?.getattr("type")?.extract()?;
-            let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
-            let fast_bf16: bool = mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()?;
-            Ok(if device == "cpu" && !fast_bf16 { Kind::Float } else { Kind::BFloat16 })
+            Ok(if device == "cpu" && !cpu::fast_bf16_matmul(like.py())? { Kind::Float } else { Kind::BFloat16 })
         }
     }
 }
@@ -119,9 +121,11 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     aten::_weight_int4pack_mm_for_cpu does not run), "bf16" (dequantized at load, as step 03 does), or "auto"
 ///     (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which was
 ///     taken and `engine.weights_reason` why.
-/// int4_matmul: the int4 kernel: "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16
-///     activations; NotImplementedError elsewhere), "aten" (aten::_weight_int4pack_mm_for_cpu: any CPU), or "auto"
-///     (dot4 where it runs, else aten). Both compute the same W4A16 products, their float32 sums in another order.
+/// int4_matmul: the int4 kernel: "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16), "fma4" (this step's
+///     torchtpu_fma4_mm: a CPU with AVX2 and FMA), both bfloat16 activations on the CPU and NotImplementedError
+///     elsewhere; "aten" (aten::_weight_int4pack_mm_for_cpu: any CPU), or "auto" (dot4 where it runs, else fma4,
+///     else aten; under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, fma4). All compute the same W4A16
+///     products, their float32 sums in other orders.
 /// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
 ///     oneDNN switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same
 ///     on an AMX Xeon — step 05's bench times both) or
@@ -152,27 +156,39 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 }
 
 // --8<-- [start:choose]
-/// What `int4_matmul=` means on like's device in `dtype`: the kernel for the matrices kept 4-bit.
+/// What `int4_matmul=` means on like's device in `dtype`: the kernel for the matrices kept 4-bit. "auto" takes the
+/// first of this step's kernels that runs here (dot4, then fma4: cpu.rs decides, honouring the AVX2 limit), else
+/// ATen's.
 fn choose_matmul(int4_matmul: &str, dtype: Kind, like: &Tensor) -> PyResult<Int4Matmul> {
-    let cpu = like.device() == tch::Device::Cpu;
-    let why_not_dot4 = if !dot4::runs() {
-        Some("needs a CPU with AVX512-BF16 (vdpbf16ps); this one has none")
-    } else if !cpu {
-        Some("runs on the CPU only")
-    } else if dtype != Kind::BFloat16 {
-        Some("takes bfloat16 activations only")
-    } else {
-        None
+    let why_not = |kernel: Kernel| {
+        if !kernel.runs() {
+            Some(format!("needs {}; this process has none", kernel.needs()))
+        } else if like.device() != tch::Device::Cpu {
+            Some("runs on the CPU only".to_string())
+        } else if dtype != Kind::BFloat16 {
+            Some("takes bfloat16 activations only".to_string())
+        } else {
+            None
+        }
     };
-    match (int4_matmul, why_not_dot4) {
-        ("aten", _) => Ok(Int4Matmul::Aten),
-        ("dot4" | "auto", None) => Ok(Int4Matmul::Dot4),
-        ("auto", Some(_)) => Ok(Int4Matmul::Aten),
-        ("dot4", Some(why)) => Err(PyNotImplementedError::new_err(format!(
-            "int4_matmul=\"dot4\": {} {why}; use \"aten\" or \"auto\"",
-            dot4::KERNEL
+    let own = |matmul: Int4Matmul, kernel: Kernel| match why_not(kernel) {
+        None => Ok(matmul),
+        Some(why) => Err(PyNotImplementedError::new_err(format!(
+            "int4_matmul=\"{}\": {} {why}; use \"aten\" or \"auto\"",
+            matmul.name(),
+            kernel.symbol()
         ))),
-        (other, _) => Err(PyValueError::new_err(format!("int4_matmul={other:?}: use \"dot4\", \"aten\" or \"auto\""))),
+    };
+    match int4_matmul {
+        "aten" => Ok(Int4Matmul::Aten),
+        "dot4" => own(Int4Matmul::Dot4, Kernel::Dot4),
+        "fma4" => own(Int4Matmul::Fma4, Kernel::Fma4),
+        "auto" if why_not(Kernel::Dot4).is_none() => Ok(Int4Matmul::Dot4),
+        "auto" if why_not(Kernel::Fma4).is_none() => Ok(Int4Matmul::Fma4),
+        "auto" => Ok(Int4Matmul::Aten),
+        other => Err(PyValueError::new_err(format!(
+            "int4_matmul={other:?}: use \"dot4\", \"fma4\", \"aten\" or \"auto\""
+        ))),
     }
 }
 
@@ -227,14 +243,24 @@ fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
 
 /// dot4_runs() -> bool
 ///
-/// Whether this CPU has what torchtpu_dot4_mm, this step's int4 kernel, needs: AVX-512 F and BW, and AVX512-BF16.
+/// Whether torchtpu_dot4_mm, this step's int4 kernel for AVX512-BF16, runs in this process: the CPU has AVX-512 F
+/// and BW and AVX512-BF16, and ATen may use AVX-512 (not under ATEN_CPU_CAPABILITY=avx2).
 #[pyfunction]
 fn dot4_runs() -> bool {
-    dot4::runs()
+    Kernel::Dot4.runs()
+}
+
+/// fma4_runs() -> bool
+///
+/// Whether torchtpu_fma4_mm, this step's int4 kernel for AVX2, runs in this process: the CPU has AVX2 and FMA, and
+/// ATen may use AVX2.
+#[pyfunction]
+fn fma4_runs() -> bool {
+    Kernel::Fma4.runs()
 }
 
 /// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
-fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<weights::Packed> {
+fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<packed::Packed> {
     let (packed, scale) = (take(packed, "weight_packed")?, take(scale, "weight_scale")?);
     let rows = packed.size().first().copied().unwrap_or(0);
     if packed.kind() != Kind::Int || packed.size() != [rows, (cols + 7) / 8] {
@@ -254,7 +280,7 @@ fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -
             scale.size()
         )));
     }
-    Ok(weights::Packed::new(packed.to_device(tch::Device::Cpu), scale.to_device(tch::Device::Cpu), cols)?)
+    Ok(packed::Packed::new(packed.to_device(tch::Device::Cpu), scale.to_device(tch::Device::Cpu), cols)?)
 }
 
 /// repack(weight_packed, weight_scale, cols, dtype="bfloat16") -> (packed, scale_zeros)
@@ -281,11 +307,11 @@ fn repack<'py>(
 /// Int4Linear(weight_packed, weight_scale, cols, dtype="bfloat16", matmul="aten")
 ///
 /// A checkpoint's packed matrix (as `repack` takes it) kept 4-bit as the Engine keeps its linears: repacked once
-/// for `matmul`'s kernel ("aten", "dot4" or "auto", as the Engine's int4_matmul), for activations in `dtype`
-/// ("dot4": bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
+/// for `matmul`'s kernel ("aten", "dot4", "fma4" or "auto", as the Engine's int4_matmul), for activations in `dtype`
+/// ("dot4", "fma4": bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
 #[pyclass(name = "Int4Linear", module = "torchtpu_int4")]
 struct PyInt4Linear {
-    linear: Mutex<int4::Linear>,
+    linear: Mutex<linear::Linear>,
     cols: i64,
     dtype: Kind,
 }
@@ -305,7 +331,7 @@ impl PyInt4Linear {
         let dtype = compute_dtype(dtype)?;
         let cpu = Tensor::f_empty([0], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?;
         let matmul = choose_matmul(matmul, dtype, &cpu)?;
-        let linear = int4::Held::new(Weights::Int4, matmul, dtype, false).int4("weight_packed", &w, &cpu)?;
+        let linear = linear::Held::new(Weights::Int4, matmul, dtype, false).int4("weight_packed", &w, &cpu)?;
         Ok(PyInt4Linear { linear: Mutex::new(linear), cols, dtype })
     }
 
@@ -330,18 +356,19 @@ impl PyInt4Linear {
         Ok(self.held()?.bytes())
     }
 
-    /// Which kernel it was made for: "dot4" or "aten".
+    /// Which kernel it was made for: "dot4", "fma4" or "aten".
     #[getter]
     fn matmul(&self) -> PyResult<&'static str> {
-        Ok(match *self.held()? {
-            int4::Linear::Dot4(_) => "dot4",
+        Ok(match &*self.held()? {
+            linear::Linear::Dot4(w) if w.kernel() == Kernel::Dot4 => "dot4",
+            linear::Linear::Dot4(_) => "fma4",
             _ => "aten",
         })
     }
 }
 
 impl PyInt4Linear {
-    fn held(&self) -> PyResult<MutexGuard<'_, int4::Linear>> {
+    fn held(&self) -> PyResult<MutexGuard<'_, linear::Linear>> {
         self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: an earlier call panicked"))
     }
 }
@@ -386,7 +413,7 @@ impl Engine {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let held = int4::Held::new(weights, matmul, dtype, fallback);
+        let held = linear::Held::new(weights, matmul, dtype, fallback);
         let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, held, &mut report)?;
         model.matvec_in_aten = matvec_in_aten;
         if let Some(e) = report_error {
@@ -417,7 +444,7 @@ impl Engine {
         Ok(self.state()?.weights_reason.clone())
     }
 
-    /// The kernel multiplying the matrices kept 4-bit: "dot4" or "aten" (see the class docstring); None with
+    /// The kernel multiplying the matrices kept 4-bit: "dot4", "fma4" or "aten" (see the class docstring); None with
     /// weights "bf16".
     #[getter]
     fn int4_matmul(&self) -> PyResult<Option<&'static str>> {
@@ -969,7 +996,7 @@ fn filtered_probs<'py>(
     give(py, &sampling.probabilities(&logits)?)
 }
 
-/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `repack`, `Int4Linear`,
+/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `fma4_runs`, `repack`, `Int4Linear`,
 /// and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -984,8 +1011,10 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(repack, m)?)?;
     m.add_class::<PyInt4Linear>()?;
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
-    m.add("DOT4_KERNEL", dot4::KERNEL)?;
+    m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
+    m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

@@ -1,4 +1,4 @@
-"""Step 07's Engine: step 03's contract plus `weights=` and `int4_matmul=`; int4 (through either kernel) and bf16
+"""Step 07's Engine: step 03's contract plus `weights=` and `int4_matmul=`; int4 (through each kernel) and bf16
 answers agree, and both agree with Transformers, on the tiny random checkpoints of every variant."""
 import json
 import shutil
@@ -19,11 +19,11 @@ def cpu():
     return torch.empty(0)
 
 
-def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
+def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
     engine = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
-    kernel = "dot4" if torchtpu_int4.dot4_runs() else "aten"  # this step's kernel where the CPU has AVX512-BF16
-    assert engine.weights == "int4" and engine.int4_matmul == kernel
-    name = {"dot4": "torchtpu_dot4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[kernel]
+    assert engine.weights == "int4" and engine.int4_matmul == auto_kernel
+    name = {"dot4": "torchtpu_dot4_mm", "fma4": "torchtpu_fma4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[
+        auto_kernel]
     assert engine.weights_reason == f"auto: int4 runs on this device, multiplied by {name}"
     assert "weights=int4" in repr(engine)
     assert torchtpu_int4.int4_kernel(cpu()) == (True, "aten::_weight_int4pack_mm_for_cpu runs on this device")
@@ -33,18 +33,21 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
 def test_int4_matmul_chooses_the_kernel_and_refuses_what_cannot_run(tiny):
     aten = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="aten")
     assert aten.int4_matmul == "aten" and "aten::_weight_int4pack_mm_for_cpu" in aten.weights_reason
-    with pytest.raises(ValueError, match='int4_matmul="fast": use "dot4", "aten" or "auto"'):
+    with pytest.raises(ValueError, match='int4_matmul="fast": use "dot4", "fma4", "aten" or "auto"'):
         torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="fast")
     meta = torch.empty(0, device="meta")
-    why = "runs on the CPU only" if torchtpu_int4.dot4_runs() else "needs a CPU with AVX512-BF16"
-    with pytest.raises(NotImplementedError, match=f'int4_matmul="dot4": torchtpu_dot4_mm {why}'):
-        torchtpu_int4.Engine(tiny / "text", None, meta, CTX, int4_matmul="dot4")
-    if torchtpu_int4.dot4_runs():
-        with pytest.raises(NotImplementedError, match="torchtpu_dot4_mm takes bfloat16 activations only"):
-            torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", int4_matmul="dot4")
-        # float32: auto takes bf16 weights; forced int4 goes to ATen's kernel, the one taking float32
-        forced = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", weights="int4")
-        assert forced.int4_matmul == "aten"
+    for name, runs in (("dot4", torchtpu_int4.dot4_runs()), ("fma4", torchtpu_int4.fma4_runs())):
+        kernel = f"torchtpu_{name}_mm"
+        why = "runs on the CPU only" if runs else "needs a CPU with"
+        with pytest.raises(NotImplementedError, match=f'int4_matmul="{name}": {kernel} {why}'):
+            torchtpu_int4.Engine(tiny / "text", None, meta, CTX, int4_matmul=name)
+        if runs:
+            assert torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul=name).int4_matmul == name
+            with pytest.raises(NotImplementedError, match=f"{kernel} takes bfloat16 activations only"):
+                torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", int4_matmul=name)
+    # float32: auto takes bf16 weights; forced int4 goes to ATen's kernel, the one taking float32
+    forced = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", weights="int4")
+    assert forced.int4_matmul == "aten"
 
 
 def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny, kl):
@@ -120,7 +123,7 @@ def test_a_group_size_the_kernel_does_not_take(tiny, tmp_path):
     shutil.copytree(tiny / "text", folder)
     regroup(folder, 16)
     with pytest.raises(NotImplementedError, match=r"tensor model\.\S+_proj\S* in .*: group_size 16: "
-                                                  r"aten::_weight_int4pack_mm_for_cpu takes groups of 32, 64, 128 or"):
+                                                  r"the int4 kernels take groups of 32, 64, 128 or"):
         torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="int4")
     auto = torchtpu_int4.Engine(folder, None, cpu(), CTX)
     assert auto.weights == "int4" and "held bf16" in auto.weights_reason and "q_proj" in auto.weights_reason
@@ -175,21 +178,19 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, matmul, h
         assert same >= 8, (name, same)
 
 
-def test_the_two_kernels_give_the_same_answers(variant, kl):
-    """ATen's int4 kernel and this step's: the same products of the same weights, their float32 sums in another
-    order (and, with the emb4 twin, its f16 scales exact where ATen's kernel takes them rounded to bf16). An
-    output now and then a bf16 step apart, carried through ten layers of bf16 activations, moves the tiny random
-    models' next-token distributions by about as much as the int4 and bf16 paths differ (KL 7e-4 to 9e-4 when
-    this test was written); greedy text starts the same (near-ties of a random model part it later: at 12 of 16
-    with the emb4 twin). On the trained model the answers are the same tokens: test_trained.py."""
-    if not torchtpu_int4.dot4_runs():
-        pytest.skip("this CPU has no AVX512-BF16: torchtpu_dot4_mm does not run")
+def test_this_steps_kernels_give_atens_answers(variant, own, kl):
+    """ATen's int4 kernel and this step's (dot4, fma4): the same products of the same weights, their float32 sums
+    in other orders (and, with the emb4 twin, its f16 scales exact where ATen's kernel takes them rounded to bf16).
+    An output now and then a bf16 step apart, carried through ten layers of bf16 activations, moves the tiny random
+    models' next-token distributions by about as much as the int4 and bf16 paths differ (KL 7e-4 to 9e-4 for dot4
+    when this test was written); greedy text starts the same (near-ties of a random model part it later: at 12 of
+    16 with the emb4 twin). On the trained model the answers are the same tokens: test_trained.py."""
     name, model, emb4, _ = variant
-    aten, dot4 = (torchtpu_int4.Engine(model, emb4, cpu(), CTX, int4_matmul=m) for m in ("aten", "dot4"))
+    aten, ours = (torchtpu_int4.Engine(model, emb4, cpu(), CTX, int4_matmul=m) for m in ("aten", own))
     for ids in PROMPTS:
         last = [len(ids) - 1]
-        assert kl(aten.logits(ids, last)[0], dot4.logits(ids, last)[0]) <= 3e-3, name
-    assert same_prefix(aten.generate(PROMPTS[1], 16)[0], dot4.generate(PROMPTS[1], 16)[0]) >= 8, name
+        assert kl(aten.logits(ids, last)[0], ours.logits(ids, last)[0]) <= 3e-3, name
+    assert same_prefix(aten.generate(PROMPTS[1], 16)[0], ours.generate(PROMPTS[1], 16)[0]) >= 8, name
 
 
 def test_in_float32_arithmetic_int4_is_within_1e_3_of_bf16(variant, kl):

@@ -1,6 +1,6 @@
 """The int4 kernel's contract in torch 2.13 (ATen's LinearAlgebra.cpp and cpu/int4mm_kernel.cpp), and the repack for
-both kernels (ATen's and this step's torchtpu_dot4_mm): the checkpoint's nibbles in the kernel's layout, equal to
-what compressed-tensors decompresses."""
+every kernel (ATen's, and this step's torchtpu_dot4_mm and torchtpu_fma4_mm): the checkpoint's nibbles in the
+kernel's layout, equal to what compressed-tensors decompresses."""
 import json
 
 import pytest
@@ -76,7 +76,8 @@ def test_the_output_head_fits():
     nibbles = (torch.arange(n * k, dtype=torch.int32) % 16).view(n, k)
     scale = torch.full((n, k // 32), 0.5, dtype=torch.bfloat16)
     want = ((nibbles - 8).float() * 0.5).sum(1)
-    for matmul in ("aten", "dot4") if torchtpu_int4.dot4_runs() else ("aten",):
+    for matmul in ("aten", *(["dot4"] if torchtpu_int4.dot4_runs() else []),
+                   *(["fma4"] if torchtpu_int4.fma4_runs() else [])):
         y = torchtpu_int4.Int4Linear(words(nibbles), scale, k, matmul=matmul)(torch.ones(1, k, dtype=torch.bfloat16))
         assert y.shape == (1, n) and torch.equal(y[0].float(), want), matmul
 # --8<-- [end:contract]
@@ -134,7 +135,7 @@ def test_repack_is_what_compressed_tensors_decompresses(layout, twin, matmul):
     """Every packed matrix of the tiny checkpoints (each linear shape, the emb4 tables and untied head): through
     the int4 kernel, W is compressed-tensors' dequantization bit for bit. bf16 scales in bf16. The twin's F16
     scales: ATen's kernel reads them in the activation dtype, so in float32 (exact), rounded to f16 as
-    compressed-tensors rounds; dot4 reads them as float32 whatever the activations, so its bf16 W is the exact
+    compressed-tensors rounds; dot4 and fma4 read them as float32 whatever the activations, so their bf16 W is the exact
     (q - 8) · scale rounded once to bf16."""
     folder = checkpoints.tiny(layout) / twin
     seen = set()
@@ -203,8 +204,8 @@ def test_the_kernel_multiplies_by_q_times_scale_unrounded(matmul):
 
 
 @pytest.mark.parametrize("rows, cols, groups, words_, why", [
-    (40, 64, 2, 8, "40 rows: the kernel's layout .* needs a multiple of 16"),
-    (32, 64, 4, 8, "group_size 16: aten::_weight_int4pack_mm_for_cpu takes groups of 32, 64, 128 or 256"),
+    (40, 64, 2, 8, "40 rows: the kernels' layouts need a multiple of 16"),
+    (32, 64, 4, 8, "group_size 16: the int4 kernels take groups of 32, 64, 128 or 256"),
     (32, 96, 2, 12, "group_size 48"),
     (32, 1024, 2, 128, "group_size 512"),
 ])
@@ -230,37 +231,37 @@ def test_malformed_matrices_are_refused():
     with pytest.raises(TypeError, match="x: Float, need BFloat16"):
         linear(torch.ones(2, 64))
     auto = torchtpu_int4.Int4Linear(zeros, ones, 64, matmul="auto")  # as the Engine's int4_matmul="auto"
-    assert auto.matmul == ("dot4" if torchtpu_int4.dot4_runs() else "aten") and linear.matmul == "aten"
+    want = "dot4" if torchtpu_int4.dot4_runs() else "fma4" if torchtpu_int4.fma4_runs() else "aten"
+    assert auto.matmul == want and linear.matmul == "aten"
     with pytest.raises(ValueError, match="int4_matmul=\"fast\""):
         torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
                                  matmul="fast")
 
 
-@pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason="this CPU has no AVX512-BF16")
-def test_dot4_takes_bfloat16_activations_only():
-    with pytest.raises(NotImplementedError, match="torchtpu_dot4_mm takes bfloat16 activations only"):
+def test_this_steps_kernels_take_bfloat16_activations_only(own):
+    with pytest.raises(NotImplementedError, match=f"torchtpu_{own}_mm takes bfloat16 activations only"):
         torchtpu_int4.Int4Linear(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), 64,
-                                 dtype="float32", matmul="dot4")
+                                 dtype="float32", matmul=own)
 
 
-@pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason="this CPU has no AVX512-BF16")
-def test_the_two_kernels_agree_on_an_e2b_matvec():
+def test_this_steps_kernels_agree_with_atens_on_an_e2b_matvec(own):
     """[6144 × 1536], a decode step's row and a 5-row chunk: the same exact product, each rounded once but for
     float32 summation order, so nearly every output is the same bf16 number."""
     n, k = 6144, 1536
     packed = words(random_nibbles(n, k, seed=7))
     scale = (torch.rand(n, k // 32, generator=torch.Generator().manual_seed(8)) * 0.01 + 1e-3).to(torch.bfloat16)
-    aten, dot4 = (torchtpu_int4.Int4Linear(packed, scale, k, matmul=m) for m in ("aten", "dot4"))
-    assert dot4.nbytes == n * k // 2 + n * (k // 32) * 4 == aten.nbytes  # f32 scales; bf16 scale + zero
+    aten, ours = (torchtpu_int4.Int4Linear(packed, scale, k, matmul=m) for m in ("aten", own))
+    assert ours.nbytes == n * k // 2 + n * (k // 32) * 4 == aten.nbytes  # f32 scales; bf16 scale + zero
     for rows in (1, 5):
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
         exact = x.double() @ exact_weight(packed, scale, k).t()
-        ya, yd = aten(x), dot4(x)
+        ya, yo = aten(x), ours(x)
         assert rounded_once(ya, exact)
-        # dot4 sums 128 + nibble over each group and takes 136 · Σx off after: where an output's terms cancel to
-        # almost nothing, a float32 rounding of those sums (2^-24 of 136 · Σ|x|) is a few bf16 steps of it
+        # dot4 sums 128 + nibble over each group and takes 136 · Σx off after (fma4 the nibble, less 8 · Σx): where
+        # an output's terms cancel to almost nothing, a float32 rounding of those sums (2^-24 of 136 · Σ|x|) is a
+        # few bf16 steps of it
         want, reach = exact.to(torch.bfloat16), 136 * 2.0 ** -19 * (x.double().abs().view(rows, -1, 32).sum(-1)
                                                                      @ scale.double().t())
-        assert (yd != want).float().mean().item() <= 0.01
-        assert bool(((yd.double() - exact).abs() <= want.double().abs() * 2.0 ** -7 + reach).all())
-        assert (ya == yd).float().mean().item() > 0.99
+        assert (yo != want).float().mean().item() <= 0.01
+        assert bool(((yo.double() - exact).abs() <= want.double().abs() * 2.0 ** -7 + reach).all())
+        assert (ya == yo).float().mean().item() > 0.99

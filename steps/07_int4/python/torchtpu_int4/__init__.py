@@ -1,10 +1,11 @@
 """torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by an int4 kernel on the CPU:
-this step's own (torchtpu_dot4_mm, AVX512-BF16) where it runs, else ATen's (aten::_weight_int4pack_mm_for_cpu).
+this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2 and FMA), else
+ATen's (aten::_weight_int4pack_mm_for_cpu).
 
     import torch, torchtpu_int4
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")
     engine.weights, engine.weights_reason      # "int4" or "bf16", and why
-    engine.int4_matmul                         # "dot4" or "aten" (None with bf16 weights)
+    engine.int4_matmul                         # "dot4", "fma4" or "aten" (None with bf16 weights)
     tokens, read_s, decode_s = engine.generate(ids, max_new)
     for token in engine.stream(ids, max_new, stop=[1]):   # step 03's streaming and sampling, unchanged
         ...
@@ -17,6 +18,7 @@ import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that 
 from ._engine import (
     BUILT_WITH_TORCH,
     DOT4_KERNEL,
+    FMA4_KERNEL,
     INT4_KERNEL,
     RUSTC_VERSION,
     TCH_VERSION,
@@ -25,6 +27,7 @@ from ._engine import (
     TokenStream,
     dot4_runs,
     filtered_probs,
+    fma4_runs,
     int4_kernel,
     layout_for,
     repack,
@@ -34,5 +37,5 @@ from ._engine import (
 WEIGHTS = ("auto", "int4", "bf16")
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "repack", "INT4_KERNEL", "DOT4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION",
-           "BUILT_WITH_TORCH"]
+           "fma4_runs", "repack", "INT4_KERNEL", "DOT4_KERNEL", "FMA4_KERNEL", "WEIGHTS", "TCH_VERSION",
+           "RUSTC_VERSION", "BUILT_WITH_TORCH"]

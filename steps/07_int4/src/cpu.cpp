@@ -1,0 +1,11 @@
+// ATen's vector ISA for this process (what `torch.backends.cpu.get_cpu_capability()` says), exported unmangled so
+// that cpu.rs can declare it: ATen's own answer, which honours ATEN_CPU_CAPABILITY as its dispatch does.
+#include <ATen/Version.h>
+
+#include <string>
+
+// 0: no vector kernels (DEFAULT), 1: AVX2, 2: AVX512 (the ISA names ATen reports on x86)
+extern "C" int torchtpu_aten_capability() {
+  const std::string isa = at::get_cpu_capability();
+  return isa == "AVX512" ? 2 : isa == "AVX2" ? 1 : 0;
+}

@@ -1,0 +1,55 @@
+//! What this CPU lets the engine run: the one place step 07 decides a default by the CPU.
+//!
+//! Each answer is the CPU's instruction set as torch itself is allowed to use it: a process started with
+//! `ATEN_CPU_CAPABILITY=avx2` (ATen's dispatch) and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) runs what an AVX2-only
+//! CPU runs — the walkthrough's stand-in for the many CPUs without bf16 matrix hardware (`make bench-avx2`, and
+//! `make test`'s AVX2 tier). The CPU's own feature flags come first: no setting adds an instruction.
+use pyo3::prelude::*;
+
+extern "C" {
+    fn torchtpu_aten_capability() -> i32;
+    // the instructions each kernel file is compiled for, as the CPU's flags report them (dot4.cpp, fma4.cpp)
+    fn torchtpu_dot4_supported() -> bool;
+    fn torchtpu_fma4_supported() -> bool;
+}
+
+/// ATen's vector ISA in this process, as torch reports it: `DEFAULT < AVX2 < AVX512`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    Default,
+    Avx2,
+    Avx512,
+}
+
+pub fn aten_isa() -> Isa {
+    // SAFETY: asks ATen a question; no arguments, no state changed.
+    match unsafe { torchtpu_aten_capability() } {
+        2 => Isa::Avx512,
+        1 => Isa::Avx2,
+        _ => Isa::Default,
+    }
+}
+
+// --8<-- [start:choose]
+/// Whether `torchtpu_dot4_mm` runs: AVX-512 F and BW and AVX512-BF16's `vdpbf16ps`, with ATen allowed AVX-512.
+pub fn dot4_runs() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_dot4_supported() };
+    flags && aten_isa() >= Isa::Avx512
+}
+
+/// Whether `torchtpu_fma4_mm` runs: AVX2 and FMA, with ATen allowed AVX2.
+pub fn fma4_runs() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_fma4_supported() };
+    flags && aten_isa() >= Isa::Avx2
+}
+// --8<-- [end:choose]
+
+/// Whether torch's bf16 matmul has a fast path here: oneDNN finds AVX-512 or AMX (its effective ISA, which
+/// `ONEDNN_MAX_CPU_ISA` caps): `torch.ops.mkldnn._is_mkldnn_bf16_supported()`. Where it has none (AVX2 only),
+/// float32 attention is several times faster than bf16.
+pub fn fast_bf16_matmul(py: Python<'_>) -> PyResult<bool> {
+    let mkldnn = py.import("torch")?.getattr("ops")?.getattr("mkldnn")?;
+    mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()
+}

@@ -1,0 +1,159 @@
+// This step's int4 matmul for CPUs with AVX2 and FMA but no AVX512-BF16 (AMD Zen 2 and 3, Intel desktops and
+// laptops before Sapphire Rapids, and any CPU kept to AVX2): the same W4A16 arithmetic as dot4.cpp, on the same
+// layout (dot4.cpp draws it), in 8-lane float32 registers. dot4.rs says when it runs and what it computes.
+//
+// --8<-- [start:idea]
+// A nibble is never shifted into place: `word & (0xF << 4p)` is u · 16^p, an integer that `vcvtdq2ps` turns into
+// float32 exactly (4 significant bits), so one AND, one convert and one FMA take 8 weights. The 16^p is undone on
+// the activations' side: each column's activation is stored once, before the product, times 16^-p for the
+// position p its nibble sits at (the top nibble is shifted down instead, so the smallest factor is 2^-24) — powers
+// of two, so every product u · x is exactly the one the arithmetic names. Per group of columns the sum over the
+// stored u = q + 8 becomes the sum over q by taking off 8 · Σx, then the group's float32 scale multiplies it:
+//   y[n] = Σ_g scale[n, g] · (Σ_k u[n, k] · x[k] − 8 · Σ_k x[k]),   rounded once to bf16.
+// --8<-- [end:idea]
+// A row's activations are first scaled by a power of two that brings its largest to [2^30, 2^31) (undone on the
+// output), so the 2^-24 never takes a small activation below float32's normal range: every product is exact for
+// activations within 2^133 of their row's largest.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// As dot4.cpp: one 4 KB page ahead of the loads (a block's weights are one stream).
+constexpr int AHEAD = 4096;
+
+float bf16_to_float(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Where column k + c of an octet has its nibble in a dot4 word: columns k + 2i at bit 4i, k + 2i + 1 at 16 + 4i.
+constexpr int position(int c) { return c % 2 == 0 ? c / 2 : 4 + c / 2; }
+
+// What a column's activation is multiplied by so that (u · 16^p) · that = u · x: 16^-p, and 1 for the top nibble
+// (p = 7), which is shifted down rather than masked.
+float undo(int c) {
+  const int p = position(c);
+  return p == 7 ? 1.0f : std::ldexp(1.0f, -4 * p);
+}
+
+// Rows m..m+R of y for one block of 16 outputs. xs [R, K] float32: the activations scaled as above; corr [R,
+// groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling.
+template <int R>
+__attribute__((target("avx2,fma"))) void block(const float* xs, int64_t K, const float* corr, int64_t groups,
+                                               const float* unscale, const int32_t* w, const float* s,
+                                               int64_t group, uint16_t* y, int64_t N) {
+  // P sums per row and half, so that 8 FMAs are in flight (an FMA waits 4 cycles for its sum; two issue a cycle)
+  constexpr int P = R == 1 ? 4 : R == 2 ? 2 : 1;
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const int64_t octets = group / 8;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 part[R][2][P];
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < P; ++i) part[r][h][i] = _mm256_setzero_ps();
+    // --8<-- [start:inner]
+    for (int64_t o = 0; o < octets; ++o) {
+      const int32_t* at = w + (g * octets + o) * 16;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T0);
+      const __m256i word[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 8))};
+      const int64_t k = (g * octets + o) * 8;
+      for (int c = 0; c < 8; ++c) {  // column k + c, its nibble at bit 4p of every lane
+        const int p = position(c);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i nibble = p == 7 ? _mm256_srli_epi32(word[h], 28)
+                                        : _mm256_and_si256(word[h], _mm256_set1_epi32(0xF << (4 * p)));
+          const __m256 u = _mm256_cvtepi32_ps(nibble);  // u · 16^p (u for the top nibble), exact
+          for (int r = 0; r < R; ++r)
+            part[r][h][c % P] = _mm256_fmadd_ps(u, _mm256_broadcast_ss(xs + r * K + k + c), part[r][h][c % P]);
+        }
+      }
+    }
+    // --8<-- [end:inner]
+    _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 4, _MM_HINT_T0);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_loadu_ps(s + g * 16 + h * 8);
+      for (int r = 0; r < R; ++r) {
+        __m256 sum = part[r][h][0];
+        for (int i = 1; i < P; ++i) sum = _mm256_add_ps(sum, part[r][h][i]);
+        acc[r][h] = _mm256_fmadd_ps(scale, _mm256_sub_ps(sum, _mm256_set1_ps(corr[r * groups + g])), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256i out[2];
+    for (int h = 0; h < 2; ++h) {
+      // float32 to bf16, rounded to nearest even (AVX2 has no instruction for it); NaN stays a quiet NaN
+      const __m256 v = _mm256_mul_ps(acc[r][h], _mm256_set1_ps(unscale[r]));
+      const __m256i bits = _mm256_castps_si256(v);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+      const __m256i rounded =
+          _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      out[h] = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+    }
+    // packus interleaves the two halves by 128-bit lane; the permute puts the 16 outputs back in order
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(out[0], out[1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), packed);
+  }
+}
+
+}  // namespace
+
+extern "C" bool torchtpu_fma4_supported() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// y [M, N] = x [M, K] · Wᵀ, all bf16 but the scales; shapes checked by dot4.rs (N % 16, K % group, group % 8).
+extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const float* s, uint16_t* y, int64_t M,
+                                 int64_t N, int64_t K, int64_t group) {
+  const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
+  std::vector<float> xs(M * K), corr(M * groups), unscale(M);
+  float factor[8];
+  for (int c = 0; c < 8; ++c) factor[c] = undo(c);
+  for (int64_t m = 0; m < M; ++m) {
+    float largest = 0;
+    for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(bf16_to_float(x[m * K + k])));
+    int e = 0;
+    if (std::isfinite(largest) && largest > 0) std::frexp(largest, &e);  // largest in [2^(e-1), 2^e)
+    const int shift = std::isfinite(largest) && largest > 0 ? 31 - e : 0;
+    unscale[m] = std::ldexp(1.0f, -shift);
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+        const float v = std::ldexp(bf16_to_float(x[m * K + k]), shift);
+        xs[m * K + k] = v * factor[k % 8];
+        sum += v;
+      }
+      corr[m * groups + g] = 8.0f * sum;
+    }
+  }
+  // as dot4: each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next
+  at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
+      const int32_t* wb = w + b * (K / 8) * 16;
+      const float* sb = s + b * groups * 16;
+      const float* xm = xs.data() + m * K;
+      const float* cm = corr.data() + m * groups;
+      const float* um = unscale.data() + m;
+      uint16_t* ym = y + m * N + b * 16;
+      switch (rows) {
+        case 1: block<1>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        case 2: block<2>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        case 3: block<3>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        default: block<4>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+      }
+    }
+  });
+}

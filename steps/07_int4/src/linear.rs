@@ -1,0 +1,122 @@
+//! A linear layer as the engine holds it, and the choice that makes it: dense, or kept 4-bit for one of the int4
+//! kernels (ATen's in int4.rs, this step's two in dot4.rs). The top of step 07's int4 modules: it picks a kernel;
+//! the kernels repack a `packed::Packed`; nothing below imports this.
+use std::cell::RefCell;
+
+use tch::{Kind, Tensor};
+
+use crate::dot4::{Dot4Linear, Kernel};
+use crate::error::Result;
+use crate::int4::{self, Int4Linear};
+use crate::packed::Packed;
+
+/// How the engine holds its linears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    /// 4-bit, in the kernel's layout, multiplied by the int4 kernel.
+    Int4,
+    /// Dequantized once at load, as compressed-tensors does (step 03): bf16 values, held in the compute dtype.
+    Bf16,
+}
+
+impl Weights {
+    pub fn name(self) -> &'static str {
+        match self {
+            Weights::Int4 => "int4",
+            Weights::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Which kernel multiplies the matrices kept 4-bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Matmul {
+    /// ATen's, `aten::_weight_int4pack_mm_for_cpu`: any x86 CPU.
+    Aten,
+    /// This step's, `torchtpu_dot4_mm` (dot4.rs): CPUs with AVX512-BF16, bfloat16 activations.
+    Dot4,
+    /// This step's, `torchtpu_fma4_mm` (dot4.rs, the same layout): CPUs with AVX2 and FMA, bfloat16 activations.
+    Fma4,
+}
+
+impl Int4Matmul {
+    pub fn name(self) -> &'static str {
+        match self {
+            Int4Matmul::Aten => "aten",
+            Int4Matmul::Dot4 => "dot4",
+            Int4Matmul::Fma4 => "fma4",
+        }
+    }
+
+    /// The op, as errors and `weights_reason` name it.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            Int4Matmul::Aten => int4::KERNEL,
+            Int4Matmul::Dot4 => Kernel::Dot4.symbol(),
+            Int4Matmul::Fma4 => Kernel::Fma4.symbol(),
+        }
+    }
+
+    /// This step's own kernel it names, if it names one.
+    pub fn own(self) -> Option<Kernel> {
+        match self {
+            Int4Matmul::Aten => None,
+            Int4Matmul::Dot4 => Some(Kernel::Dot4),
+            Int4Matmul::Fma4 => Some(Kernel::Fma4),
+        }
+    }
+}
+
+/// A linear layer as the engine holds it.
+pub enum Linear {
+    /// `[out, in]` in the compute dtype (step 03's).
+    Dense(Tensor),
+    /// Multiplied by ATen's int4 kernel.
+    Int4(Int4Linear),
+    /// Multiplied by one of this step's own (dot4 or fma4).
+    Dot4(Dot4Linear),
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Linear::Dense(w) => crate::onednn::linear(x, w),
+            Linear::Int4(w) => w.forward(x),
+            Linear::Dot4(w) => w.forward(x),
+        }
+    }
+
+    pub fn bytes(&self) -> i64 {
+        match self {
+            Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
+            Linear::Int4(w) => w.bytes(),
+            Linear::Dot4(w) => w.bytes(),
+        }
+    }
+}
+
+/// How `Gemma::load` makes its linears: what to hold them as, and, when the choice was `"auto"`, which ones the
+/// kernel refused and were kept dense instead.
+pub struct Held {
+    pub weights: Weights,
+    /// The kernel for the matrices kept 4-bit.
+    pub matmul: Int4Matmul,
+    pub dtype: Kind,
+    /// `weights="auto"`: a matrix the kernel cannot take stays dense (and is listed) instead of failing the load.
+    pub fallback: bool,
+    pub kept_dense: RefCell<Vec<String>>,
+}
+
+impl Held {
+    pub fn new(weights: Weights, matmul: Int4Matmul, dtype: Kind, fallback: bool) -> Held {
+        Held { weights, matmul, dtype, fallback, kept_dense: RefCell::new(Vec::new()) }
+    }
+
+    /// The packed matrix `name` kept 4-bit for the chosen kernel, on like's device.
+    pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
+        Ok(match self.matmul.own() {
+            None => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
+            Some(kernel) => Linear::Dot4(Dot4Linear::new(name, w, kernel)?),
+        })
+    }
+}
