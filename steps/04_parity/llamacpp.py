@@ -9,7 +9,6 @@ Q4_0), so the engine here reads that checkpoint alone (the -text-emb4 twin's 4-b
 Without the peer built, it says so and records nothing else.
 """
 import argparse
-import time
 
 import numpy as np
 import torch  # first: the engine reuses the libtorch it loads
@@ -58,11 +57,10 @@ def main() -> None:
     with torch.no_grad():
         hf = [greedy(reference, ids, args.max_new) for ids in prompts]
         hf_first = np.stack([reference(torch.tensor([ids])).logits[0, -1].float().numpy() for ids in prompts])
-    start = time.perf_counter()
     runs = against_peer.llama_runs(args.model, prompts, args.max_new, args.ctx)
     print(f"llama.cpp: llama-cpp-python {peer.VERSION} (native build: {peer.build_info('native')['cmake_args']}), "
-          f"weight repacking off, {runs['bf16']['threads']} threads; GGUFs from its converter and quantizer "
-          f"({time.perf_counter() - start:.0f} s with the runs)")
+          f"weight repacking off, {runs['bf16']['threads']} threads; GGUFs from its converter (bf16) and quantizer: "
+          + ", ".join(f"{q} {v['gguf'].stat().st_size / 1e6:.1f} MB" for q, v in runs.items()))
     print(runs["bf16"]["system_info"])
     r = against_peer.agreement(ours, ours_first, runs, hf, hf_first)
 

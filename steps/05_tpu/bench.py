@@ -23,7 +23,7 @@ from torchtpu_ways.bandwidth import best_seconds, kv_bytes_per_token, memory_ban
 from torchtpu_ways.baseline import linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
-from torchtpu_ways.ways import PEER, WAYS, label, median_row, run_way
+from torchtpu_ways.ways import OPTIONAL, PEER, WAYS, label, median_row, run_way
 
 
 @contextlib.contextmanager
@@ -246,7 +246,7 @@ def main() -> None:
 
     cfg = TextConfig.from_file(model / "config.json")
     ways = args.ways.split(",")
-    if bad := [w for w in ways if w not in WAYS + ["rust-int4"] + PEER]:
+    if bad := [w for w in ways if w not in WAYS + OPTIONAL + PEER]:
         ap.error(f"--ways: unknown {', '.join(bad)}")
     # llama.cpp's GGUFs of this checkpoint, made once before any way is timed (minutes at E2B size), then cached
     quants = sorted({peer.parse_way(w)[1] for w in ways if peer.is_peer(w) and not peer.missing(w)})

@@ -31,6 +31,7 @@ CONTROL, NORMAL, UNUSED = 3, 1, 5  # gguf.TokenType, as sentencepiece numbers th
 FTYPES = {"q4_0": 2, "q8_0": 7}
 
 
+# --8<-- [start:stand_in]
 def stand_in_vocab(model_dir) -> dict:
     """The stand-in vocabulary of a checkpoint: {"tokens", "types", "bos", "eos", "pad", "unk"}, one token per id
     of the config's vocab_size. ValueError when the tokenizer names an id twice or past the vocabulary."""
@@ -50,6 +51,7 @@ def stand_in_vocab(model_dir) -> dict:
     return {"tokens": tokens, "types": types, "bos": config.get("bos_token_id", 2),
             "eos": eos[0] if isinstance(eos, list) else eos, "pad": config.get("pad_token_id", 0),
             "unk": vocab.get("<unk>", 3)}
+# --8<-- [end:stand_in]
 
 
 def folder_for(model_dir) -> Path:
