@@ -153,6 +153,9 @@ def targets(rows: dict, short: dict) -> list[tuple[str, float | None, str, float
          ">=", 2.5),
         ("Rust int4 decode / its bandwidth limit", rows["rust-int4"].get("bandwidth_fraction"), ">=", 0.5),
         ("Rust int4 peak memory, GB", rows["rust-int4"].get("peak_gb"), "<=", 4.0),
+    ]) + ([] if not rows.get("rust-int4-aten", {}).get("available") else [  # the kernel auto picks, against ATen's
+        ("Rust int4 decode / the same with ATen's int4 kernel",
+         ratio(rows.get("rust-int4"), rows["rust-int4-aten"], "streamed_tok_s"), ">=", 1.0),
     ])
 # --8<-- [end:targets]
 

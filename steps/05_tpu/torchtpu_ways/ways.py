@@ -20,9 +20,10 @@ from . import tpu
 
 WAYS = ["rust-fused", "rust-eager", "python-compile", "python-eager"]
 NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile": "Python compile",
-         "python-eager": "Python eager", "rust-int4": "Rust int4"}
-# Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit.
-OPTIONAL = ["rust-int4"]
+         "python-eager": "Python eager", "rust-int4": "Rust int4", "rust-int4-aten": "Rust int4 ATen"}
+# Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit,
+# multiplied by the kernel it picks for this CPU; "rust-int4-aten" the same with ATen's int4 kernel, to compare.
+OPTIONAL = ["rust-int4", "rust-int4-aten"]
 # llama.cpp, the peer (peer.py): `llamacpp[-avx2]-<q4_0|q8_0|bf16>[-norepack]`, run only when asked for
 PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
@@ -74,7 +75,7 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
             return unavailable(way, str(why))
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
         return unavailable(way, tpu.NO_TPU)
-    if way == "rust-int4" and python == sys.executable and importlib.util.find_spec("torchtpu_int4") is None:
+    if way in OPTIONAL and python == sys.executable and importlib.util.find_spec("torchtpu_int4") is None:
         return unavailable(way, "step 07 (torchtpu_int4) is not installed")
     with tempfile.TemporaryDirectory(prefix="torchtpu-way-") as tmp:
         prompt, out = Path(tmp) / "ids.json", Path(tmp) / "row.json"

@@ -23,10 +23,11 @@ BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
 
 def load(way: str, model: str, emb4: str | None, device: torch.device, ctx: int, dtype: str):
     """The model a way runs: the Rust Engine (fused or eager is the process's TorchTPU mode) or the baseline."""
-    if way == "rust-int4":  # step 07: linears kept 4-bit for an int4 kernel (its own where the CPU has AVX512-BF16)
+    if way.startswith("rust-int4"):  # step 07: linears kept 4-bit, for the kernel it picks here or for ATen's
         import torchtpu_int4
 
-        return torchtpu_int4.Engine(model, emb4, torch.empty(0, device=device), ctx, dtype, weights="int4")
+        return torchtpu_int4.Engine(model, emb4, torch.empty(0, device=device), ctx, dtype, weights="int4",
+                                    int4_matmul="aten" if way == "rust-int4-aten" else "auto")
     if way.startswith("rust"):
         import torchtpu_rs
 
@@ -55,7 +56,7 @@ def tok_s(tokens: int, seconds: float) -> float | None:
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     ids = json.loads(open(args.ids).read())
-    if args.way == "rust-int4":
+    if args.way.startswith("rust-int4"):
         import torchtpu_int4
 
         from .ways import unavailable
@@ -97,7 +98,8 @@ def measure(args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--way", required=True,
-                    choices=["rust-fused", "rust-eager", "python-compile", "python-eager", "rust-int4"])
+                    choices=["rust-fused", "rust-eager", "python-compile", "python-eager", "rust-int4",
+                             "rust-int4-aten"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--emb4")
     ap.add_argument("--device", required=True, help="a device name: cpu, cuda:0, tpu:0")
