@@ -28,9 +28,9 @@ use tch::{Kind, Tensor};
 
 use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
+use dot4::Kernel;
 use error::Error;
 use gemma::{Cache, DecodeSlots, Gemma, Generation};
-use dot4::Kernel;
 use linear::{Int4Matmul, Weights};
 use sampling::{Rng, Sampling};
 use weights::Checkpoint;
@@ -186,9 +186,9 @@ fn choose_matmul(int4_matmul: &str, dtype: Kind, like: &Tensor) -> PyResult<Int4
         "auto" if why_not(Kernel::Dot4).is_none() => Ok(Int4Matmul::Dot4),
         "auto" if why_not(Kernel::Fma4).is_none() => Ok(Int4Matmul::Fma4),
         "auto" => Ok(Int4Matmul::Aten),
-        other => Err(PyValueError::new_err(format!(
-            "int4_matmul={other:?}: use \"dot4\", \"fma4\", \"aten\" or \"auto\""
-        ))),
+        other => {
+            Err(PyValueError::new_err(format!("int4_matmul={other:?}: use \"dot4\", \"fma4\", \"aten\" or \"auto\"")))
+        }
     }
 }
 

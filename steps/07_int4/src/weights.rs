@@ -225,7 +225,6 @@ impl Checkpoint {
     // --8<-- [end:held]
 }
 
-
 // --8<-- [start:mapped]
 /// The rows of one 2-D tensor `[rows, cols]` as they lie in the memory-mapped file: gathering copies out only
 /// the rows asked for. The file's pages stay the kernel's to keep or drop (a reread costs a disk read, never a
