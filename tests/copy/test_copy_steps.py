@@ -6,14 +6,18 @@ The virtualenv gets only what no pyproject can declare: the build tools used wit
 setuptools), pytest, and torch (torch-sys needs it while compiling; every step pins it). Everything else comes
 from each step's own `dependencies`. uv installs them: it hard-links files from its cache, so a torch install
 takes a second and no space where pip takes a minute and 5 GB — seven virtualenvs were a third of this test's
-time. Rust builds come from the shared cargo target dir, as in `make`.
+time. Rust builds come from the shared cargo target dir, as in `make`. Two copies run at a time (COPY_JOBS), each
+with its share of the cores; the end of the run lists each copy's wall time.
 """
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 import tomllib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = sorted(p.parent.name for p in ROOT.glob("steps/*/pyproject.toml"))
 # make's setup installs uv into .venv, beside the python running this test
 UV = shutil.which("uv", path=os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")]))
+# Copies run side by side (COPY_JOBS=1: one after another), the cores shared out among them: torch's threads
+# (OpenMP's) each wait for the slowest of them, and more threads than cores made a tiny model's tests many times
+# slower. A copy's own tests are mostly one Python thread at a time, so two copies at once keep two cores busy.
+JOBS = int(os.environ.get("COPY_JOBS", "2"))
+THREADS = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // JOBS))
 
 
 def project(step: str) -> dict:
@@ -57,43 +66,83 @@ def step_env(venv: Path) -> dict:
 
 
 class Wheels:
-    """Each step's wheel, built from the first copy that installs it. A later copy that depends on that step
+    """Each step's wheel, built once, by the first copy that installs it. A later copy that depends on that step
     installs the wheel (the same files, so the same build) instead of compiling step 03's crate again at a new
-    path: cargo keys a crate's build on its path, and that rebuild was most of this test's time."""
+    path: cargo keys a crate's build on its path, and that rebuild was most of this test's time. Copies run side
+    by side (COPY_JOBS), so a copy that needs a wheel another copy is building waits for it."""
 
     def __init__(self, folder: Path):
-        self.folder, self.built = folder, {}  # step -> its wheel
+        self.folder, self.built, self.lock = folder, {}, threading.Lock()  # step -> the future of its wheel
+
+    def wheel(self, venv: Path, step: str, work: Path) -> Path:
+        with self.lock:
+            mine = step not in self.built
+            if mine:
+                self.built[step] = Future()
+        future = self.built[step]
+        if mine:
+            try:
+                out = self.folder / step  # a folder of its own: two builds at once never see each other's wheel
+                uv("build", "--wheel", "--no-build-isolation", "--python", str(venv / "bin" / "python"),
+                   "--out-dir", str(out), f"./{step}", cwd=work, env=step_env(venv))
+                (wheel,) = out.glob("*.whl")
+                future.set_result(wheel)
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+        return future.result()
 
     def install(self, venv: Path, step: str, work: Path) -> None:
-        if step not in self.built:
-            before = set(self.folder.glob("*.whl"))
-            uv("build", "--wheel", "--no-build-isolation", "--python", str(venv / "bin" / "python"),
-               "--out-dir", str(self.folder), f"./{step}", cwd=work, env=step_env(venv))
-            (self.built[step],) = set(self.folder.glob("*.whl")) - before
         # the wheel's own requirements come from the index (uv's cache); the steps it needs are installed already
-        uv("pip", "install", str(self.built[step]), cwd=work, env=step_env(venv))
+        uv("pip", "install", str(self.wheel(venv, step, work)), cwd=work, env=step_env(venv))
 
 
-@pytest.fixture(scope="session")
-def wheels(tmp_path_factory) -> Wheels:
-    return Wheels(tmp_path_factory.mktemp("wheels"))
-
-
-@pytest.mark.parametrize("step", STEPS)
-def test_a_copied_step_installs_and_passes_its_tests(step, wheels, tmp_path):
-    assert UV, "uv is neither beside this python nor on PATH: `make test` installs it into .venv"
-    work = tmp_path / "project"
+def copy_and_test(step: str, wheels: Wheels, folder: Path) -> subprocess.CompletedProcess:
+    """`step` and the steps it needs copied into `folder`, installed into a fresh virtualenv there, its tests run."""
+    work = folder / "project"
     for s in [*needs(step), step]:
         shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
-    venv = tmp_path / "venv"
+    venv = folder / "venv"
     pins = {torch_pin(s) for s in STEPS}
     assert len(pins) == 1, f"the steps pin different torch releases: {sorted(pins)}"
-    uv("venv", "--python", sys.executable, str(venv), cwd=tmp_path, env=step_env(venv))
-    uv("pip", "install", "maturin", "setuptools", "pytest", *pins, cwd=tmp_path, env=step_env(venv))
+    uv("venv", "--python", sys.executable, str(venv), cwd=folder, env=step_env(venv))
+    uv("pip", "install", "maturin", "setuptools", "pytest", *pins, cwd=folder, env=step_env(venv))
 
     for s in [*needs(step), step]:
         wheels.install(venv, s, work)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                          cwd=work / step, env=step_env(venv), capture_output=True, text=True)
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=work / step, env={**step_env(venv), "OMP_NUM_THREADS": THREADS}, capture_output=True,
+                          text=True)
+
+
+def first(step: str) -> tuple:
+    """The order copies start in: the steps others need first (their wheels), then the longer chains."""
+    return -sum(step in needs(s) for s in STEPS), -len(needs(step)), step
+
+
+@pytest.fixture(scope="session")
+def copies(request, tmp_path_factory, copy_seconds) -> dict:
+    """step -> the future of its copy's test run, for the steps this session selected, COPY_JOBS at a time."""
+    selected = sorted({item.callspec.params["step"] for item in request.session.items
+                       if item.originalname == "test_a_copied_step_installs_and_passes_its_tests"}, key=first)
+    wheels = Wheels(tmp_path_factory.mktemp("wheels"))
+
+    def job(step):
+        start = time.perf_counter()
+        folder = tmp_path_factory.mktemp(step)
+        proc = copy_and_test(step, wheels, folder)
+        copy_seconds[step] = time.perf_counter() - start
+        if proc.returncode == 0:
+            shutil.rmtree(folder, ignore_errors=True)  # a virtualenv per copy: keep only a failed one's
+        return proc
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        yield {step: pool.submit(job, step) for step in selected}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_copied_step_installs_and_passes_its_tests(step, copies):
+    assert UV, "uv is neither beside this python nor on PATH: `make test` installs it into .venv"
+    proc = copies[step].result()
     assert proc.returncode == 0, f"the copied {step}'s tests failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert " passed" in proc.stdout.splitlines()[-1]
