@@ -437,9 +437,10 @@ class Baseline:
         # dynamic=False: one static-shape graph per input shape (a prompt chunk, a decode step), never a
         # symbolic one. fullgraph=False, so that dynamo reports breaks (see `compiling.dynamo_counts`) instead of
         # raising.
+        if compile:  # before torch.compile, which opens inductor's cache folder (and so fixes its name)
+            key_on_this_cpu()  # graphs compiled under the AVX2 limit and without it must not meet (inductor_cache)
         self.step = torch.compile(self.decode_step, dynamic=False) if compile else self.decode_step
         if compile:
-            key_on_this_cpu()  # graphs compiled under the AVX2 limit and without it must not meet (inductor_cache)
             from .compiling import allow_recompiles  # here, not at the top: importing dynamo takes seconds
 
             allow_recompiles(ctx, cfg.sliding_window, self.decode_slots)

@@ -11,13 +11,15 @@ import os
 
 
 def key_on_this_cpu() -> str:
-    """Point inductor at a cache folder of this process's vector ISA, unless the caller chose one
-    (`TORCHINDUCTOR_CACHE_DIR` already set: theirs to keep apart), and return the folder. Call it before the first
-    compile; inductor reads the variable whenever it opens its cache."""
+    """Point inductor at a cache folder of this process's vector ISA, unless the caller chose a folder of their own
+    (`TORCHINDUCTOR_CACHE_DIR` set to anything but inductor's default: theirs to keep apart), and return the folder.
+    Call it before the first `torch.compile` of the process; inductor reads the variable whenever it opens its
+    cache (importing inductor sets it to the default, so the default is replaced too)."""
     import torch
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    default = default_cache_dir()
+    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default) == os.path.abspath(default):
         capability = torch.backends.cpu.get_cpu_capability().lower()  # "avx2", "avx512", "default", …
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{capability}"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{capability}"
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
