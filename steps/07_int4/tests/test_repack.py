@@ -265,3 +265,23 @@ def test_this_steps_kernels_agree_with_atens_on_an_e2b_matvec(own):
         assert (yo != want).float().mean().item() <= 0.01
         assert bool(((yo.double() - exact).abs() <= want.double().abs() * 2.0 ** -7 + reach).all())
         assert (ya == yo).float().mean().item() > 0.99
+
+
+def test_this_steps_kernels_give_the_same_bits_on_one_thread_and_two(matmul):
+    """Each thread of a kernel takes whole blocks of rows (and every row of x for a block), so how many threads
+    torch lends it changes who computes an output, never how: the same bits. (make test's copies run one thread
+    each; this checks the two-thread split.)"""
+    n, k = 1024 + 48, 192
+    packed = words(random_nibbles(n, k, seed=9))
+    scale = (torch.rand(n, k // 32, generator=torch.Generator().manual_seed(10)) * 0.01 + 1e-3).to(torch.bfloat16)
+    linear = torchtpu_int4.Int4Linear(packed, scale, k, matmul=matmul)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs.append([linear(torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16))
+                         for m in (1, 5, 9)])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
