@@ -35,7 +35,7 @@ STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build
 	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
 	-o -name '*.json' -o -name '*.safetensors' -o -name '*.cpp' \) -print)
 
-.PHONY: run test bench bench-avx2 peer train setup clean distclean
+.PHONY: run test bench bench-avx2 peer bench-peer train setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml Makefile
@@ -87,6 +87,10 @@ bench-avx2: setup
 # the tests that need it skip without it.
 peer: setup
 	tools/peer.sh native avx2
+
+# Step 05's E2B bench with the two Rust ways the peer is compared with and every llama.cpp way (tools/bench-peer.txt).
+bench-peer: peer
+	python tools/record.py --list tools/bench-peer.txt --folder cpu-e2b --device cpu
 
 # The default model, trained again from scratch (about an hour and a half on 2 cores; resumes if interrupted),
 # exported, measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped
