@@ -18,8 +18,9 @@ import importlib.util
 import torch
 from torchtpu_parity import peer
 from torchtpu_rs import checkpoints, cli, devices, records
+from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways import prompt
-from torchtpu_ways.bandwidth import best_seconds, kv_bytes_per_token, memory_bandwidth_gb_s
+from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.baseline import linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table

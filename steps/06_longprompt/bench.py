@@ -17,7 +17,8 @@ from safetensors import safe_open
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
-from torchtpu_ways.bandwidth import best_seconds, kv_bytes_per_token, memory_bandwidth_gb_s
+from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
+from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge

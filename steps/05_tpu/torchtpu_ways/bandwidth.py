@@ -1,38 +1,12 @@
-"""What a decode step reads, and how fast this machine reads: the bandwidth limit both benchmarks (step 05's and
-step 06's) measure every way's decode against.
+"""What a decode step reads: with how fast this machine reads (torchtpu_rs.bandwidth), the bandwidth limit both
+benchmarks (step 05's and step 06's) measure every way's decode against.
 
-    gb_s = memory_bandwidth_gb_s()                   # a 2 GiB copy, best of 5
+    gb_s = torchtpu_rs.bandwidth.memory_bandwidth_gb_s()   # a 2 GiB copy, best of 5
     kv = kv_bytes_per_token(cfg, ctx, prompt_len, steps, decode_slots, attention_dtype)  # a decode step's KV reads
     fraction = tok_s * (row["bytes_per_token"] + kv) / (gb_s * 1e9)
 """
-import time
-from collections.abc import Callable
-
-import torch
-
 from .checkpoint import TextConfig
 from .slots import decode_slots_for
-
-
-def best_seconds(call: Callable[[], object], tries: int) -> float:
-    """The fastest of `tries` timed calls (after one untimed call that sets the kernel up): the least a shared
-    machine's other work got in the way."""
-    call()
-    best = float("inf")
-    for _ in range(tries):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-# --8<-- [start:bandwidth]
-def memory_bandwidth_gb_s(gib: int = 2, tries: int = 5) -> float:
-    """A large copy, best of `tries`: every byte is read once and written once."""
-    src = torch.ones(gib * 2**30, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), tries) / 1e9
-# --8<-- [end:bandwidth]
 
 
 # --8<-- [start:kv_read]

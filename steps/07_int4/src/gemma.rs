@@ -14,6 +14,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
+use crate::budget::{self, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
@@ -45,6 +46,10 @@ impl Table {
     }
 
     fn rows(&self, ids: &Tensor, dtype: Kind) -> Result<Tensor> {
+        timed(Part::Gathers, ids.numel() as i64 * self.row_bytes(), || self.gathered(ids, dtype))
+    }
+
+    fn gathered(&self, ids: &Tensor, dtype: Kind) -> Result<Tensor> {
         let rows = match self {
             Table::Dense(t) => t.f_index_select(0, ids)?,
             Table::Packed(p) => p.rows(ids)?,
@@ -89,8 +94,9 @@ fn bytes(t: &Tensor) -> i64 {
     t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
 }
 
-fn linear(x: &Tensor, w: &Linear) -> Result<Tensor> {
-    w.forward(x)
+/// `x · wᵀ`, timed as `part` of a decode step's budget (budget.rs), which reads the whole matrix.
+fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
+    timed(part, w.bytes(), || w.forward(x))
 }
 
 fn gelu(x: &Tensor) -> Result<Tensor> {
@@ -262,19 +268,23 @@ impl Attention {
     }
 
     fn forward(&self, x: &Tensor, rotation: &Rotation, slots: &Slots, cache: &mut Cache) -> Result<Tensor> {
-        let heads = |w: &Linear| -> Result<Tensor> { Ok(linear(x, w)?.f_view([x.size()[0], -1, self.head_dim])?) };
+        let heads = |w: &Linear| -> Result<Tensor> {
+            Ok(linear(Part::QkvProjections, x, w)?.f_view([x.size()[0], -1, self.head_dim])?)
+        };
         let q = rotation.rotate(&self.q_norm.forward(&heads(&self.q_proj)?)?)?;
         if let Some(kv) = &self.kv {
             let k = rotation.rotate(&kv.k_norm.forward(&heads(&kv.k_proj)?)?)?;
             let v = self.v_norm.forward(&heads(&kv.v_proj)?)?;
-            cache.write(self.layer, slots, &k, &v)?;
+            timed(Part::CacheWrite, 0, || cache.write(self.layer, slots, &k, &v))?;
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
         let seen = cache.seen(self.kv_source, slots)?;
         // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
         // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
         let q = q.f_to_kind(cache.dtype)?;
-        linear(&attend(&q, &seen.keys, &seen.values, &slots.masked)?.f_to_kind(x.kind())?, &self.o_proj)
+        let read = bytes(&seen.keys) + bytes(&seen.values); // narrowed views: the slots attended over
+        let out = timed(Part::Attention, read, || attend(&q, &seen.keys, &seen.values, &slots.masked))?;
+        linear(Part::OProjection, &out.f_to_kind(x.kind())?, &self.o_proj)
     }
 }
 // --8<-- [end:attention]
@@ -299,7 +309,9 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        linear(&gelu(&linear(x, &self.gate_proj)?)?.f_mul(&linear(x, &self.up_proj)?)?, &self.down_proj)
+        let gate = linear(Part::GateUpProjections, x, &self.gate_proj)?;
+        let up = linear(Part::GateUpProjections, x, &self.up_proj)?;
+        linear(Part::DownProjection, &gelu(&gate)?.f_mul(&up)?, &self.down_proj)
     }
 }
 
@@ -321,7 +333,8 @@ impl PerLayerInput {
     }
 
     fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
-        linear(&gelu(&linear(x, &self.gate)?)?.f_mul(input)?, &self.projection)
+        let gate = gelu(&linear(Part::PerLayerInput, x, &self.gate)?)?;
+        linear(Part::PerLayerInput, &gate.f_mul(input)?, &self.projection)
     }
 }
 
@@ -423,7 +436,8 @@ impl PerLayerInputs {
     fn forward(&self, ids: &Tensor, embeds: &Tensor) -> Result<Tensor> {
         let shape = [ids.size()[0], self.layers, self.size];
         let identity = self.table.rows(ids, embeds.kind())?.f_mul_scalar(self.table_scale)?;
-        let context = linear(embeds, &self.model_projection)?.f_mul_scalar((self.hidden_size as f64).powf(-0.5))?;
+        let context = linear(Part::PerLayerModelProjection, embeds, &self.model_projection)?
+            .f_mul_scalar((self.hidden_size as f64).powf(-0.5))?;
         let context = self.projection_norm.forward(&context.f_view(shape)?)?;
         Ok(context.f_add(&identity.f_view(shape)?)?.f_mul_scalar(2f64.powf(-0.5))?)
     }
@@ -764,7 +778,7 @@ impl Gemma {
     ) -> Result<Tensor> {
         let mut x = self.embed_tokens.rows(ids, self.dtype)?.f_mul_scalar(self.embed_scale)?;
         let per_layer_inputs = self.per_layer_inputs.forward(ids, &x)?;
-        let slots = cache.place(pos, full_slots)?;
+        let slots = timed(Part::CacheWrite, 0, || cache.place(pos, full_slots))?;
         let rotations = ByKind::try_new(|kind| self.rotary.get(kind).at(pos, self.dtype))?;
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some(states) = states.as_deref_mut() {
@@ -783,7 +797,7 @@ impl Gemma {
 
     /// Logits `[tokens, vocab]` from final hidden states: the output head, then `tanh(x / cap) * cap`.
     pub fn head(&self, out: &Tensor) -> Result<Tensor> {
-        let logits = linear(out, &self.lm_head)?;
+        let logits = linear(Part::Head, out, &self.lm_head)?;
         Ok(match self.cfg.final_logit_softcapping {
             Some(cap) => logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?,
             None => logits,
@@ -874,6 +888,34 @@ impl Gemma {
         Ok(Generation { tokens, read_s, decode_s })
     }
     // --8<-- [end:generate]
+
+    // --8<-- [start:budget]
+    /// Reads `ids`, then makes `steps` greedy decode steps as `generate` does (reading each token back to the host)
+    /// with a budget taken (budget.rs): the tokens (the first from the read), and what each part of those steps
+    /// took and read, summed over them.
+    pub fn decode_budget(
+        &self,
+        ids: &[i64],
+        steps: i64,
+        cache: &mut Cache,
+        interrupted: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<(Vec<i64>, Budget)> {
+        let mut token = self.prefill(ids, cache, interrupted)?.f_argmax(-1, false)?;
+        let mut tokens = vec![token.f_int64_value(&[0])?];
+        let (done, budget) = budget::taken(|| -> Result<()> {
+            for made in 0..steps {
+                let pos = ids.len() as i64 + made;
+                let logits = self.decode(&token, &self.to_device(&[pos])?, cache.decode_slots_at(pos), cache)?;
+                token = timed(Part::Sampling, 0, || logits.f_argmax(-1, false))?;
+                tokens.push(timed(Part::Sampling, 0, || token.f_int64_value(&[0]))?);
+            }
+            Ok(())
+        });
+        done?;
+        interrupted()?;
+        Ok((tokens, budget))
+    }
+    // --8<-- [end:budget]
 
     // --8<-- [start:prefill]
     /// Reads the prompt `ids` into a fresh cache; returns the logits `[1, vocab]` after its last token.

@@ -5,6 +5,7 @@
 //! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
 mod bridge;
+mod budget;
 mod config;
 mod cpu;
 mod dot4;
@@ -514,6 +515,40 @@ impl Engine {
             state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache, &mut check_signals)
         })?;
         Ok((tokens, read_s, decode_s))
+    }
+
+    /// decode_budget(ids, steps) -> dict
+    ///
+    /// Where a decode step's time goes. Reads the prompt `ids`, then makes `steps` greedy decode steps as
+    /// `generate` does, timing each part of them on its own (see the class docstring): returns {"tokens": the
+    /// 1 + steps tokens, "parts": [(name, seconds, bytes)] per step on average — bytes read as stored —, "step_s":
+    /// their sum}. The parts cover the whole step: work between named parts counts as "norms, rotary, residuals,
+    /// the rest".
+    fn decode_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, steps: i64) -> PyResult<Bound<'py, PyDict>> {
+        let ids = token_ids(ids, "decode_budget(ids)")?;
+        let mut state = self.state()?;
+        let ctx = state.cache.ctx;
+        check_ids(&ids, &state.model.cfg, ctx)?;
+        if steps < 1 || ids.len() as i64 + steps > ctx {
+            return Err(PyValueError::new_err(format!(
+                "decode_budget(steps={steps}): need 1 <= steps and len(ids) + steps <= ctx ({} + {steps}, ctx {ctx})",
+                ids.len()
+            )));
+        }
+        let state: &mut State = &mut state;
+        state.taken();
+        let (tokens, budget) =
+            py.detach(move || state.model.decode_budget(&ids, steps, &mut state.cache, &mut check_signals))?;
+        let per_step = |x: f64| x / steps as f64;
+        let parts: Vec<(&str, f64, f64)> = budget::Part::ALL
+            .iter()
+            .map(|&p| (p.name(), per_step(budget.seconds[p as usize]), per_step(budget.bytes[p as usize] as f64)))
+            .collect();
+        let out = PyDict::new(py);
+        out.set_item("tokens", tokens)?;
+        out.set_item("step_s", per_step(budget.seconds.iter().sum()))?;
+        out.set_item("parts", parts)?;
+        Ok(out)
     }
 
     /// prefill(ids) -> torch.Tensor

@@ -10,9 +10,11 @@ RUSTC_VERSION: str
 BUILT_WITH_TORCH: str
 INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
 DOT4_KERNEL: str  # "torchtpu_dot4_mm"
+FMA4_KERNEL: str  # "torchtpu_fma4_mm"
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
+DecodeBudget = dict  # {"tokens": list[int], "parts": list[tuple[str, float, float]], "step_s": float}
 
 class TokenStream(Iterator[int]):
     """What Engine.stream / Engine.tokens return: each next() makes one decode step and yields its token; ends after
@@ -38,7 +40,7 @@ class Engine:
         decode_slots: Literal["bucket", "all"] | None = None,
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
         weights: Literal["auto", "int4", "bf16"] = "auto",
-        int4_matmul: Literal["auto", "dot4", "aten"] = "auto",
+        int4_matmul: Literal["auto", "dot4", "fma4", "aten"] = "auto",
         matvec: Literal["aten", "onednn"] = "aten",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
@@ -51,7 +53,8 @@ class Engine:
         does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs and
         dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
         int4_matmul: the int4 kernel — "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16;
-        NotImplementedError elsewhere), "aten" (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs).
+        NotImplementedError elsewhere), "fma4" (torchtpu_fma4_mm: AVX2 and FMA, bfloat16), "aten"
+        (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs, else fma4, else aten).
         matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
         twice oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
         (Transformers' decode kernel, bit for bit). It does not touch the int4 kernels."""
@@ -62,7 +65,7 @@ class Engine:
     def weights_reason(self) -> str:
         """Why: what weights="auto" found on this device, or what was asked for."""
     @property
-    def int4_matmul(self) -> Literal["dot4", "aten"] | None:
+    def int4_matmul(self) -> Literal["dot4", "fma4", "aten"] | None:
         """The kernel multiplying the matrices kept 4-bit; None with weights "bf16"."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
@@ -81,6 +84,10 @@ class Engine:
         """Greedy tokens; (tokens, read_s, decode_s). Exactly max_new tokens, or with `stop` up to and including
         the first one in it; decode_s covers the decode steps made, so decode tok/s = (len(tokens) - 1) / decode_s
         (with read_every > 1, up to read_every - 1 steps past a stop are made, dropped, and counted)."""
+    def decode_budget(self, ids: list[int], steps: int) -> DecodeBudget:
+        """Where a decode step's time goes: reads `ids`, makes `steps` greedy decode steps as generate does, each
+        part of them timed on its own; per step on average: (name, seconds, bytes read as stored) for every part
+        (they cover the whole step) and their sum step_s; the tokens (the read's first, then one per step)."""
     def stream(
         self,
         ids: list[int],
@@ -140,10 +147,12 @@ def repack(
     and [cols / group, rows, 2] (scale, 0) in `dtype`."""
 def dot4_runs() -> bool:
     """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
+def fma4_runs() -> bool:
+    """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
 
 class Int4Linear:
-    """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4", or
-    "auto" as the Engine's int4_matmul);
+    """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4",
+    "fma4", or "auto" as the Engine's int4_matmul);
     called on x [tokens, cols] in `dtype`, gives x · Wᵀ in that dtype."""
 
     def __init__(
@@ -152,7 +161,7 @@ class Int4Linear:
         weight_scale: torch.Tensor,
         cols: int,
         dtype: Literal["bfloat16", "float32"] = "bfloat16",
-        matmul: Literal["aten", "dot4", "auto"] = "aten",
+        matmul: Literal["aten", "dot4", "fma4", "auto"] = "aten",
     ) -> None: ...
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
     @property

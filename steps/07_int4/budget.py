@@ -1,0 +1,125 @@
+"""Step 07: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
+beside what reading its bytes would take at this machine's copy speed, and the parts' sum checked against the
+same steps untimed.
+
+usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
+                        [--steps 16] [--repeat 3] [--json PATH] [--chart PNG]
+--e2b: the random E2B-shaped checkpoint step 05's bench reads (made once, about 9 GB), the size the budget is
+about; without it, the trained model step 03 ships (a toy, whose steps are all small ops). In one process,
+`--repeat` rounds of: generate (untimed, the step time the parts must add up to), then decode_budget; the
+medians of each.
+"""
+import argparse
+import statistics
+
+import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
+import torchtpu_int4
+from torchtpu_rs import checkpoints, cli, devices, prompting, records
+from torchtpu_rs.bandwidth import memory_bandwidth_gb_s
+from transformers import AutoTokenizer
+
+# The prompt of step 05's bench: a plain sentence, 19 tokens with <bos>, the length of the article's.
+PROMPT = "Here is a short story about a man who made his own home by the water ."
+
+
+# --8<-- [start:rounds]
+def rounds(engine, ids: list[int], steps: int, repeat: int) -> tuple[list[dict], list[float]]:
+    """`repeat` budgets of `steps` decode steps, and as many untimed generates of the same steps (seconds a step)."""
+    budgets, untimed = [], []
+    for _ in range(repeat):
+        tokens, _, decode_s = engine.generate(ids, steps + 1)
+        untimed.append(decode_s / steps)
+        budget = engine.decode_budget(ids, steps)
+        if budget["tokens"] != tokens:  # the same steps, so the same tokens: else the budget timed something else
+            raise RuntimeError(f"decode_budget made {budget['tokens']}, generate {tokens}")
+        budgets.append(budget)
+    return budgets, untimed
+# --8<-- [end:rounds]
+
+
+def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
+    """Median seconds and bytes of each part over the rounds, with each part's time at the copy's speed."""
+    parts = []
+    for i, (name, _, nbytes) in enumerate(budgets[0]["parts"]):
+        ms = statistics.median(b["parts"][i][1] for b in budgets) * 1e3
+        parts.append({"part": name, "ms": ms, "bytes": nbytes, "limit_ms": nbytes / (gb_s * 1e9) * 1e3})
+    step_ms = sum(p["ms"] for p in parts)
+    total_bytes = sum(p["bytes"] for p in parts)
+    return {"parts": parts, "step_ms": step_ms, "untimed_step_ms": statistics.median(untimed) * 1e3,
+            "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "copy_gb_s": gb_s}
+
+
+def show(result: dict) -> None:
+    step, untimed = result["step_ms"], result["untimed_step_ms"]
+    print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at copy speed':>18}{'of its limit':>14}")
+    for p in result["parts"]:
+        of_limit = f"{p['limit_ms'] / p['ms']:.2f}" if p["bytes"] and p["ms"] > 0 else "-"
+        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.1f}"
+              f"{p['limit_ms']:>18.2f}{of_limit:>14}")
+    print(f"{'a decode step, the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
+          f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
+    print(f"the same steps untimed (generate): {untimed:.2f} ms a step; the parts add up to it within "
+          f"{abs(step - untimed) / untimed:.1%}")
+    print(f"at the copy's {result['copy_gb_s']:.1f} GB/s the {result['bytes_per_step'] / 1e9:.3f} GB a step reads "
+          f"take {result['limit_ms']:.2f} ms: the untimed step runs at {result['limit_ms'] / untimed:.2f} of its "
+          "bandwidth limit")
+
+
+def chart(result: dict, title: str, path: str) -> None:
+    """Each part's measured time beside its time at the copy's speed, largest first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = sorted(result["parts"], key=lambda p: p["ms"])
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(parts) + 1.4))
+    y = range(len(parts))
+    ax.barh([i + 0.2 for i in y], [p["ms"] for p in parts], 0.4, label="measured")
+    ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
+            label=f"its bytes at the copy's {result['copy_gb_s']:.0f} GB/s")
+    ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
+    ax.set_xlabel("ms per decode step")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_engine_args(ap)
+    ap.add_argument("--e2b", action="store_true", help="the random E2B-shaped checkpoint (made once, about 9 GB)")
+    ap.add_argument("--weights", default="int4", choices=["int4", "bf16"])
+    ap.add_argument("--int4-matmul", default="auto", choices=["auto", "dot4", "fma4", "aten"])
+    ap.add_argument("--steps", type=int, default=16, help="decode steps per round")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; the medians are shown")
+    ap.add_argument("--chart", metavar="PNG")
+    args = ap.parse_args()
+    if args.e2b:
+        folder = checkpoints.e2b()
+        args.model, args.emb4 = folder / "text", args.emb4 or folder / "emb4"
+    args = cli.resolve(args)
+    device = devices.choose_device(args.device)
+    ids = prompting.encode(AutoTokenizer.from_pretrained(args.model), PROMPT)
+    gb_s = memory_bandwidth_gb_s()
+    engine = torchtpu_int4.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
+                                  weights=args.weights, int4_matmul=args.int4_matmul)
+    kernel = engine.int4_matmul or "none: bf16 weights"
+    what = (f"{records.name(args.model)}, weights {engine.weights} (int4 kernel {kernel}), attention in "
+            f"{engine.attention_dtype}, {len(ids)}-token prompt, ctx {args.ctx}, on {device}")
+    print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
+    budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
+    result = table(budgets, untimed, gb_s)
+    show(result)
+    if args.chart:
+        chart(result, f"A decode step's time by part: {what}", args.chart)
+    records.write_json(args.json, device, model=records.name(args.model), weights=engine.weights,
+                       int4_matmul=engine.int4_matmul, attention_dtype=engine.attention_dtype,
+                       prompt_ids=ids, steps=args.steps, repeat=args.repeat, tokens=budgets[0]["tokens"],
+                       rounds=[{"parts": b["parts"], "step_s": b["step_s"]} for b in budgets],
+                       untimed_step_s=untimed, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Step 07's decode budget (budget.rs, budget.py): the parts cover a decode step, time the steps generate makes,
+and count every matrix a step reads exactly once."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchtpu_int4
+
+STEP = Path(__file__).resolve().parents[1]
+CTX = 2048
+IDS = [2, 17, 250, 33, 480, 5, 99, 301]
+PARTS = ["embedding gathers", "per-layer model projection", "cache write and masks", "q/k/v projections",
+         "attention over the cache", "o projection", "gate/up projections", "down projection",
+         "per-layer input gate and projection", "output head", "sampling (argmax)",
+         "norms, rotary, residuals, the rest"]
+
+
+def test_the_parts_cover_the_steps_generate_makes_and_count_each_matrix_once(tiny, matmul):
+    covers_the_steps(torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul))
+
+
+def test_so_do_the_parts_of_the_bf16_engine(tiny):
+    covers_the_steps(torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, weights="bf16"))
+
+
+def covers_the_steps(engine):
+    tokens, _, _ = engine.generate(IDS, 4)
+    budget = engine.decode_budget(IDS, 3)
+    assert budget["tokens"] == tokens  # the same steps as generate's
+    names = [name for name, _, _ in budget["parts"]]
+    assert names == PARTS
+    seconds = {name: s for name, s, _ in budget["parts"]}
+    read = {name: b for name, _, b in budget["parts"]}
+    assert all(s >= 0 for s in seconds.values()) and math.isclose(sum(seconds.values()), budget["step_s"])
+    assert seconds["output head"] > 0 and seconds["attention over the cache"] > 0
+    held = engine.memory()
+    matrices = [n for n in PARTS if "projection" in n]
+    assert sum(read[n] for n in matrices) == held["linears"]  # every layer's matrices, once a step
+    if held["head"]:  # a head that is the bf16 embedding table itself is held once, as embed_tokens
+        assert read["output head"] == held["head"]
+    assert read["embedding gathers"] > 0 and read["attention over the cache"] > 0
+    assert read["norms, rotary, residuals, the rest"] == 0 and read["sampling (argmax)"] == 0
+
+
+def test_bad_steps_name_the_argument(tiny):
+    engine = torchtpu_int4.Engine(tiny / "text", None, torch.empty(0), 64)
+    for steps in (0, 64):
+        with pytest.raises(ValueError, match=rf"decode_budget\(steps={steps}\): need 1 <= steps"):
+            engine.decode_budget(IDS, steps)
+    with pytest.raises(TypeError, match=r"decode_budget\(ids\)"):
+        engine.decode_budget("not ids", 2)
+
+
+def test_the_script_prints_the_table_and_writes_the_record(tmp_path):
+    out = tmp_path / "budget.json"
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--steps", "2", "--repeat", "2", "--json", out,
+                          "--chart", tmp_path / "budget.png"], capture_output=True, text=True, check=True)
+    for name in PARTS + ["a decode step, the parts summed", "the same steps untimed (generate)"]:
+        assert name in run.stdout, run.stdout
+    record = json.loads(out.read_text())
+    assert [p["part"] for p in record["parts"]] == PARTS and len(record["rounds"]) == 2
+    assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
+    assert record["limit_ms"] > 0 and (tmp_path / "budget.png").stat().st_size > 0
