@@ -54,7 +54,7 @@ def show(result: dict) -> None:
     print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at copy speed':>18}{'of its limit':>14}")
     for p in result["parts"]:
         of_limit = f"{p['limit_ms'] / p['ms']:.2f}" if p["bytes"] and p["ms"] > 0 else "-"
-        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.1f}"
+        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.2f}"
               f"{p['limit_ms']:>18.2f}{of_limit:>14}")
     print(f"{'a decode step, the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
           f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
