@@ -9,6 +9,7 @@ takes a second and no space where pip takes a minute and 5 GB — seven virtuale
 time. Rust builds come from the shared cargo target dir, as in `make`. Two copies run at a time (COPY_JOBS), each
 with its share of the cores; the end of the run lists each copy's wall time.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -115,16 +116,31 @@ def copy_and_test(step: str, wheels: Wheels, folder: Path) -> subprocess.Complet
                           text=True)
 
 
-def first(step: str) -> tuple:
-    """The order copies start in: the steps others need first (their wheels), then the longer chains."""
-    return -sum(step in needs(s) for s in STEPS), -len(needs(step)), step
+# Each copy's wall time in the last run on this machine, beside the other caches that outlive a clone.
+TIMES = Path(os.environ.get("GEMMA4_CACHE") or Path.home() / ".cache" / "gemma4-walkthrough") / "copy-seconds.json"
+
+
+def last_times() -> dict:
+    try:
+        return json.loads(TIMES.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def first(step: str, seconds: dict) -> tuple:
+    """The order copies start in: the longest first, by its last run here (step 05's copy took as long as the others
+    together, and started third it ended the test alone), so that the two slots end together; without a last run,
+    the steps others need first (their wheels), then the longer chains. A copy that needs a wheel another is
+    building waits for it, whatever the order."""
+    return -seconds.get(step, 0), -sum(step in needs(s) for s in STEPS), -len(needs(step)), step
 
 
 @pytest.fixture(scope="session")
 def copies(request, tmp_path_factory, copy_seconds) -> dict:
     """step -> the future of its copy's test run, for the steps this session selected, COPY_JOBS at a time."""
     selected = sorted({item.callspec.params["step"] for item in request.session.items
-                       if item.originalname == "test_a_copied_step_installs_and_passes_its_tests"}, key=first)
+                       if item.originalname == "test_a_copied_step_installs_and_passes_its_tests"},
+                      key=lambda step: first(step, last_times()))
     wheels = Wheels(tmp_path_factory.mktemp("wheels"))
 
     def job(step):
@@ -138,6 +154,8 @@ def copies(request, tmp_path_factory, copy_seconds) -> dict:
 
     with ThreadPoolExecutor(JOBS) as pool:
         yield {step: pool.submit(job, step) for step in selected}
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps({**last_times(), **copy_seconds}, indent=1))
 
 
 @pytest.mark.parametrize("step", STEPS)

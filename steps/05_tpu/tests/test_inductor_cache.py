@@ -10,6 +10,7 @@ from torchtpu_rs.records import CPU_LIMITS
 AVX2 = dict(zip(CPU_LIMITS, ("avx2", "AVX2")))
 CHILD = """
 import json, os, sys
+import torch
 from torchtpu_ways import prompt
 from torchtpu_ways.baseline import Baseline
 tiny, ctx, text = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -17,24 +18,28 @@ ids = prompt.encode(f"{tiny}/text", text)
 eager = Baseline(f"{tiny}/text", f"{tiny}/emb4", "cpu", ctx, "float32").generate(ids, 3)[0]
 compiled = Baseline(f"{tiny}/text", f"{tiny}/emb4", "cpu", ctx, "float32", compile=True)
 print(json.dumps({"eager": eager, "compiled": compiled.generate(ids, 3)[0],
-                  "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}))
+                  "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"], "isa": torch.backends.cpu.get_cpu_capability()}))
 """
 
 
-def test_limited_and_plain_runs_keep_their_compiled_graphs_apart(tiny, ctx, short_prompt, tmp_path):
-    # a fresh temporary folder: inductor's default cache lives under it, shared by every child as on one machine
+def test_limited_and_plain_runs_keep_their_compiled_graphs_apart(tiny, ctx, short_prompt):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # inductor's default cache, which every run on this machine shares: test_compile compiled these graphs (the same
+    # checkpoint, dtype, ctx and prompt) into the plain folder, so the plain child reads them after the limited
+    # child compiled its own, and the last child reads the limited one's. Shared folders fail either way round.
     base = {k: v for k, v in os.environ.items() if k not in (*CPU_LIMITS, "TORCHINDUCTOR_CACHE_DIR")}
-    base["TMPDIR"] = str(tmp_path)
-    caches = []
+    runs = []
     for limits in (AVX2, {}, AVX2):  # plain after limited, then limited after plain
         proc = subprocess.run([sys.executable, "-c", CHILD, str(tiny), str(ctx), short_prompt],
                               env={**base, **limits}, capture_output=True, text=True)
         assert proc.returncode == 0, f"limits {limits}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
         out = json.loads(proc.stdout.splitlines()[-1])
         assert out["compiled"] == out["eager"], f"limits {limits}: compiled {out['compiled']} != {out['eager']}"
-        caches.append(out["cache"])
-    assert caches[0] == caches[2] != caches[1]
-    assert all(c.startswith(str(tmp_path)) for c in caches)
+        runs.append(out)
+    # each in the folder of its own vector ISA: on an AVX-512 CPU two folders, on an AVX2-only one the same
+    assert [r["isa"] for r in runs[::2]] == ["AVX2", "AVX2"]
+    assert all(r["cache"] == f"{default_cache_dir()}-{r['isa'].lower()}" for r in runs), runs
 
 
 def test_the_default_folder_is_keyed_and_a_chosen_one_kept(monkeypatch, tmp_path):

@@ -45,37 +45,49 @@ float undo(int c) {
   return p == 7 ? 1.0f : std::ldexp(1.0f, -4 * p);
 }
 
+// The masks that leave column c's nibble where it lies (the top one is shifted down instead: unused), read from
+// memory by the AND itself: seven constants held in registers crowded out the sums, which then went through the
+// stack at every octet (the first version of this kernel, 0.58 of the copy warm on an AMD EPYC).
+alignas(32) const int32_t MASKS[8][8] = {
+#define M(p) {0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), \
+              0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p)}
+    M(0), M(4), M(1), M(5), M(2), M(6), M(3), {0, 0, 0, 0, 0, 0, 0, 0}};
+#undef M
+
 // Rows m..m+R of y for one block of 16 outputs. xs [R, K] float32: the activations scaled as above; corr [R,
 // groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling.
 template <int R>
 __attribute__((target("avx2,fma"))) void block(const float* xs, int64_t K, const float* corr, int64_t groups,
                                                const float* unscale, const int32_t* w, const float* s,
                                                int64_t group, uint16_t* y, int64_t N) {
-  // P sums per row and half, so that 8 FMAs are in flight (an FMA waits 4 cycles for its sum; two issue a cycle)
-  constexpr int P = R == 1 ? 4 : R == 2 ? 2 : 1;
+  // P sums per row and half, so that enough FMAs are in flight (an FMA waits 4 cycles for its sum), and no more:
+  // every register a sum takes is one the compiler cannot give a word or a product
+  constexpr int P = R == 1 ? 3 : R == 2 ? 2 : 1;
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int64_t octets = group / 8;
+  const int32_t* at = w;
+  const float* xk = xs;
   for (int64_t g = 0; g < groups; ++g) {
     __m256 part[R][2][P];
     for (int r = 0; r < R; ++r)
       for (int h = 0; h < 2; ++h)
         for (int i = 0; i < P; ++i) part[r][h][i] = _mm256_setzero_ps();
     // --8<-- [start:inner]
-    for (int64_t o = 0; o < octets; ++o) {
-      const int32_t* at = w + (g * octets + o) * 16;
+    for (int64_t o = 0; o < octets; ++o, at += 16, xk += 8) {
       _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T0);
       const __m256i word[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)),
                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 8))};
-      const int64_t k = (g * octets + o) * 8;
+#pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {  // column k + c, its nibble at bit 4p of every lane
-        const int p = position(c);
+        const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(MASKS[c]));
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
-          const __m256i nibble = p == 7 ? _mm256_srli_epi32(word[h], 28)
-                                        : _mm256_and_si256(word[h], _mm256_set1_epi32(0xF << (4 * p)));
+          const __m256i nibble = c == 7 ? _mm256_srli_epi32(word[h], 28) : _mm256_and_si256(word[h], mask);
           const __m256 u = _mm256_cvtepi32_ps(nibble);  // u · 16^p (u for the top nibble), exact
+#pragma GCC unroll 4
           for (int r = 0; r < R; ++r)
-            part[r][h][c % P] = _mm256_fmadd_ps(u, _mm256_broadcast_ss(xs + r * K + k + c), part[r][h][c % P]);
+            part[r][h][c % P] = _mm256_fmadd_ps(u, _mm256_broadcast_ss(xk + r * K + c), part[r][h][c % P]);
         }
       }
     }
