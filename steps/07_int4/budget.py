@@ -11,6 +11,7 @@ medians of each.
 """
 import argparse
 import statistics
+import textwrap
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 import torchtpu_int4
@@ -81,7 +82,7 @@ def chart(result: dict, title: str, path: str) -> None:
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
     ax.set_xlabel("ms per decode step")
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

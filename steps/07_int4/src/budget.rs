@@ -97,6 +97,7 @@ fn switch(part: Part) -> Option<Part> {
     })
 }
 
+// --8<-- [start:timed]
 /// Runs `work` as part `part`, which reads `bytes` (as stored) to do it.
 pub fn timed<T>(part: Part, bytes: i64, work: impl FnOnce() -> T) -> T {
     let Some(outer) = switch(part) else { return work() };
@@ -109,6 +110,7 @@ pub fn timed<T>(part: Part, bytes: i64, work: impl FnOnce() -> T) -> T {
     });
     out
 }
+// --8<-- [end:timed]
 
 /// Runs `steps` with a budget taken on this thread (time outside a named part counts as `Part::Rest`); returns it.
 pub fn taken<T>(steps: impl FnOnce() -> T) -> (T, Budget) {
