@@ -258,9 +258,9 @@ def main() -> None:
         from torchtpu_parity import to_gguf
 
         files = to_gguf.ggufs(model, quants)
-        print("llama.cpp's GGUFs of this checkpoint (its converter, bf16; its quantizer): " + ", ".join(
-            f"{q} {f.stat().st_size / 1e9:.2f} GB" for q, f in files.items()) + f", in {files[quants[0]].parent}",
-            flush=True)
+        sizes = ", ".join(f"{q} {f.stat().st_size / 1e9:.2f} GB" for q, f in files.items())
+        print(f"llama.cpp's GGUFs of this checkpoint (its converter, bf16; its quantizer): {sizes}, "
+              f"in {records.name(files[quants[0]].parent)}", flush=True)
 
     def measure(ways: list[str], at: int) -> list[dict]:
         """A row per way: the medians of its `--repeat` fresh processes, the ways taking turns, so that a slow
