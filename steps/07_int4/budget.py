@@ -3,7 +3,7 @@ beside what reading its bytes would take at this machine's copy speed, and the p
 same steps untimed.
 
 usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
-                        [--steps 16] [--repeat 3] [--json PATH] [--chart PNG]
+                        [--decode-attention auto|own|aten] [--steps 16] [--repeat 3] [--json PATH] [--chart PNG]
 --e2b: the random E2B-shaped checkpoint step 05's bench reads (made once, about 9 GB), the size the budget is
 about; without it, the trained model step 03 ships (a toy, whose steps are all small ops). In one process,
 `--repeat` rounds of: generate (untimed, the step time the parts must add up to), then decode_budget; the
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--e2b", action="store_true", help="the random E2B-shaped checkpoint (made once, about 9 GB)")
     ap.add_argument("--weights", default="int4", choices=["int4", "bf16"])
     ap.add_argument("--int4-matmul", default="auto", choices=["auto", "dot4", "fma4", "aten"])
+    ap.add_argument("--decode-attention", default="auto", choices=["auto", "own", "aten"])
     ap.add_argument("--steps", type=int, default=16, help="decode steps per round")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the medians are shown")
     ap.add_argument("--chart", metavar="PNG")
@@ -105,10 +106,12 @@ def main() -> None:
     ids = prompting.encode(AutoTokenizer.from_pretrained(args.model), PROMPT)
     gb_s = memory_bandwidth_gb_s()
     engine = torchtpu_int4.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
-                                  weights=args.weights, int4_matmul=args.int4_matmul)
+                                  weights=args.weights, int4_matmul=args.int4_matmul,
+                                  decode_attention=args.decode_attention)
     kernel = engine.int4_matmul or "none: bf16 weights"
     what = (f"{records.name(args.model)}, weights {engine.weights} (int4 kernel {kernel}), attention in "
-            f"{engine.attention_dtype}, {len(ids)}-token prompt, ctx {args.ctx}, on {device}")
+            f"{engine.attention_dtype} ({engine.decode_attention}'s), {len(ids)}-token prompt, ctx {args.ctx}, "
+            f"on {device}")
     print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
     budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
     result = table(budgets, untimed, gb_s)
@@ -117,6 +120,7 @@ def main() -> None:
         chart(result, f"A decode step's time by part: {what}", args.chart)
     records.write_json(args.json, device, model=records.name(args.model), weights=engine.weights,
                        int4_matmul=engine.int4_matmul, attention_dtype=engine.attention_dtype,
+                       decode_attention=engine.decode_attention,
                        prompt_ids=ids, steps=args.steps, repeat=args.repeat, tokens=budgets[0]["tokens"],
                        rounds=[{"parts": b["parts"], "step_s": b["step_s"]} for b in budgets],
                        untimed_step_s=untimed, **result)

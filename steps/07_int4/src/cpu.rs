@@ -11,6 +11,7 @@ extern "C" {
     // the instructions each kernel file is compiled for, as the CPU's flags report them (dot4.cpp, fma4.cpp)
     fn torchtpu_dot4_supported() -> bool;
     fn torchtpu_fma4_supported() -> bool;
+    fn torchtpu_attend_supported() -> bool; // attend.cpp
 }
 
 /// ATen's vector ISA in this process, as torch reports it: `DEFAULT < AVX2 < AVX512`.
@@ -45,6 +46,13 @@ pub fn fma4_runs() -> bool {
     flags && aten_isa() >= Isa::Avx2
 }
 // --8<-- [end:choose]
+
+/// Whether `torchtpu_attend_one` runs: AVX2 and FMA, with ATen allowed AVX2 (as fma4).
+pub fn attend_runs() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_attend_supported() };
+    flags && aten_isa() >= Isa::Avx2
+}
 
 /// Whether torch's bf16 matmul has a fast path here: oneDNN finds AVX-512 or AMX (its effective ISA, which
 /// `ONEDNN_MAX_CPU_ISA` caps): `torch.ops.mkldnn._is_mkldnn_bf16_supported()`. Where it has none (AVX2 only),

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::attend::{attend_one, DecodeAttention};
 use crate::bridge::on;
 use crate::budget::{self, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
@@ -281,9 +282,11 @@ impl Attention {
         let seen = cache.seen(self.kv_source, slots)?;
         // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
         // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
-        let q = q.f_to_kind(cache.dtype)?;
         let read = bytes(&seen.keys) + bytes(&seen.values); // narrowed views: the slots attended over
-        let out = timed(Part::Attention, read, || attend(&q, &seen.keys, &seen.values, &slots.masked))?;
+        let out = timed(Part::Attention, read, || match cache.decode_attention {
+            DecodeAttention::Own if q.size()[0] == 1 => attend_one(&q, &seen.keys, &seen.values, &slots.masked),
+            _ => attend(&q.f_to_kind(cache.dtype)?, &seen.keys, &seen.values, &slots.masked),
+        })?;
         linear(Part::OProjection, &out.f_to_kind(x.kind())?, &self.o_proj)
     }
 }
@@ -456,6 +459,8 @@ pub struct Cache {
     pub dtype: Kind,
     /// How many full-cache slots a decode step attends over (see `decode_slots_at`).
     pub decode_slots: DecodeSlots,
+    /// What runs a one-token pass's attention over it (attend.rs); longer prompt chunks always run `attend`.
+    pub decode_attention: DecodeAttention,
 }
 
 /// What a decode step's full layers attend over.
@@ -503,7 +508,8 @@ impl Cache {
         let empty =
             |kind| -> Result<Tensor> { Ok(on(&Tensor::f_full([slots(kind)], -1, (Kind::Int64, Device::Cpu))?, like)?) };
         let (positions, window) = (ByKind::try_new(empty)?, cfg.sliding_window);
-        Ok(Cache { layers, positions, ctx, window, dtype, decode_slots: DecodeSlots::Bucket })
+        let (decode_slots, decode_attention) = (DecodeSlots::Bucket, DecodeAttention::Aten);
+        Ok(Cache { layers, positions, ctx, window, dtype, decode_slots, decode_attention })
     }
 
     /// Bytes the caches hold: keys, values and the slot positions.
@@ -557,7 +563,11 @@ impl Cache {
 
     /// Records that the tokens at positions `pos` (int64 `[tokens]`) now occupy their slots — position p in slot
     /// p mod the cache's length — and returns, for each attention kind, those slots and what each token may
-    /// see. Full layers attend over the first `full_slots` slots, sliding layers over their whole ring.
+    /// see. Full layers attend over the first `full_slots` slots; sliding layers over as many of their ring's
+    /// (step 03: the whole ring). A ring fills from slot 0 as a full cache does, so until it wraps all it holds
+    /// lies in the slots a full cache's bucket covers, and once it wraps the bucket covers the whole ring: a short
+    /// context's decode step no longer scores 1,024 slots of which a few dozen hold anything. With
+    /// `DecodeSlots::All` that is the whole ring, as before: one shape.
     fn place(&mut self, pos: &Tensor, full_slots: i64) -> Result<ByKind<Slots>> {
         let window = self.window;
         let query = pos.f_unsqueeze(1)?;
@@ -565,7 +575,7 @@ impl Cache {
             let positions = self.positions.get_mut(kind);
             let written = pos.f_remainder(positions.size()[0])?;
             let _ = positions.f_index_copy_(0, &written, pos)?;
-            let seen = if kind == AttentionKind::Full { full_slots } else { positions.size()[0] };
+            let seen = if kind == AttentionKind::Full { full_slots } else { full_slots.min(positions.size()[0]) };
             let key = positions.f_narrow(0, 0, seen)?.f_unsqueeze(0)?;
             let mut visible = key.f_ge(0)?.f_logical_and(&key.f_le_tensor(&query)?)?;
             if kind == AttentionKind::Sliding {
@@ -1010,8 +1020,9 @@ mod tests {
 
         let slots = cache.place(&pos(&[0, 1]), cache.full_slots_for(2)).unwrap();
         assert_eq!(Vec::<i64>::try_from(&slots.sliding.written).unwrap(), [0, 1]);
-        assert_eq!((slots.sliding.seen, slots.full.seen), (4, 2));
-        assert_eq!(rows(&slots.sliding.masked), [[0, 1, 1, 1], [0, 0, 1, 1]]); // causal; slots 2, 3 empty
+        // the first chunk's bucket (2 slots) covers all a ring holds before it wraps: slots 2 and 3 are not scored
+        assert_eq!((slots.sliding.seen, slots.full.seen), (2, 2));
+        assert_eq!(rows(&slots.sliding.masked), [[0, 1], [0, 0]]); // causal
         assert_eq!(rows(&slots.full.masked), [[0, 1], [0, 0]]);
 
         for p in 2..5 {

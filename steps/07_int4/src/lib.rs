@@ -4,6 +4,7 @@
 //!
 //! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
+mod attend;
 mod bridge;
 mod budget;
 mod config;
@@ -27,6 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyTuple};
 use tch::{Kind, Tensor};
 
+use attend::DecodeAttention;
 use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use dot4::Kernel;
@@ -101,7 +103,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 }
 
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto", int4_matmul="auto", matvec="aten")
+///        weights="auto", int4_matmul="auto", matvec="aten", decode_attention="auto")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -132,6 +134,11 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     on an AMX Xeon — step 05's bench times both) or
 ///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
 ///     bit, its sums being added in another order). It does not touch the int4 kernels.
+/// decode_attention: what runs the attention of a one-token pass (a decode step; a prompt's last chunk of one token)
+///     over the cache: "own" (this step's torchtpu_attend_one: one call per layer instead of ATen's seven ops, whose
+///     set-up on a CPU costs more than the cache's bytes; a CPU with AVX2 and FMA, bfloat16, NotImplementedError
+///     elsewhere), "aten" (ATen's ops, as step 03), or "auto": own where the linears run on dot4 or fma4, else aten.
+///     Own computes ATen's roundings, its float32 sums in other orders. Longer prompt chunks run ATen's.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_int4")]
@@ -190,6 +197,22 @@ fn choose_matmul(int4_matmul: &str, dtype: Kind, like: &Tensor) -> PyResult<Int4
         other => {
             Err(PyValueError::new_err(format!("int4_matmul={other:?}: use \"dot4\", \"fma4\", \"aten\" or \"auto\"")))
         }
+    }
+}
+
+/// What `decode_attention=` means for a model held as `model` is: "auto" takes this step's own kernel where the
+/// linears run on one of this step's int4 kernels (so on a CPU with AVX2 and FMA: cpu.rs), else ATen's ops — and so
+/// `weights="bf16"` stays step 03's engine, bit for bit.
+fn choose_decode_attention(arg: &str, model: &Gemma, like: &Tensor) -> PyResult<DecodeAttention> {
+    let own = || DecodeAttention::own(like.device(), model.dtype);
+    match arg {
+        "aten" => Ok(DecodeAttention::Aten),
+        "own" => Ok(own()?),
+        "auto" if model.weights == Weights::Int4 && model.matmul.own().is_some() => {
+            Ok(own().unwrap_or(DecodeAttention::Aten))
+        }
+        "auto" => Ok(DecodeAttention::Aten),
+        other => Err(PyValueError::new_err(format!("decode_attention={other:?}: use \"own\", \"aten\" or \"auto\""))),
     }
 }
 
@@ -378,7 +401,8 @@ impl PyInt4Linear {
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = "aten"))]
+                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = "aten",
+                        decode_attention = "auto"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -392,6 +416,7 @@ impl Engine {
         weights: &str,
         int4_matmul: &str,
         matvec: &str,
+        decode_attention: &str,
     ) -> PyResult<Self> {
         let matvec_in_aten = match matvec {
             "aten" => true,
@@ -429,6 +454,7 @@ impl Engine {
         };
         let mut cache = model.new_cache(ctx, attention_dtype)?;
         cache.decode_slots = decode_slots;
+        cache.decode_attention = choose_decode_attention(decode_attention, &model, &like)?;
         let state = State { model, cache, epoch: 0, prefilled: None, weights_reason };
         Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
     }
@@ -460,6 +486,13 @@ impl Engine {
             DecodeSlots::Bucket => "bucket",
             DecodeSlots::All => "all",
         })
+    }
+
+    /// What runs a decode step's attention over the cache: "own" (torchtpu_attend_one) or "aten" (see the class
+    /// docstring).
+    #[getter]
+    fn decode_attention(&self) -> PyResult<&'static str> {
+        Ok(self.state()?.cache.decode_attention.name())
     }
 
     /// The kernel for a decode step's dense linears: "aten" or "onednn" (see the class docstring).

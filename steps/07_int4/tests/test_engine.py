@@ -255,3 +255,34 @@ def test_streaming_sampling_and_decode_slots_hold_in_int4(tiny):
     def draws(seed):
         return list(bucket.stream(prompt, 20, temperature=1.3, top_k=50, top_p=0.95, seed=seed))
     assert draws(5) == draws(5) != draws(6)
+
+
+@pytest.mark.parametrize("attention_dtype", [None, "float32"])
+def test_decode_attention_own_agrees_with_aten_and_is_the_default_with_this_steps_kernels(tiny, kl, attention_dtype):
+    """decode_attention="own" (torchtpu_attend_one) and "aten" (step 03's ops) make the same tokens — from an empty
+    ring, and from a 201-token prompt, whose sliding rings (32 slots) have wrapped and mask what is out of the window
+    — and one-token passes' logits within float32's other order of sums (this random model's near-ties can flip a
+    token after that many steps: the tokens are compared for 24); "auto" takes own exactly where the linears run on
+    dot4 or fma4."""
+    if not (torchtpu_int4.dot4_runs() or torchtpu_int4.fma4_runs()):
+        pytest.skip("neither of this step's int4 kernels runs here, nor so its attention")
+    own, aten = (torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4",
+                                      attention_dtype=attention_dtype, decode_attention=choice)
+                 for choice in ("auto", "aten"))
+    assert (own.decode_attention, aten.decode_attention) == ("own", "aten")
+    for prompt in PROMPTS:
+        assert own.generate(prompt, 24)[0] == aten.generate(prompt, 24)[0]
+        # a prompt whose last chunk is one token runs that chunk's attention on the kernel too
+        ids = prompt[: len(prompt) - (len(prompt) - 1) % 16]  # whole chunks of 16, then one token
+        last = [len(ids) - 1]
+        assert kl(aten.logits(ids, last)[0], own.logits(ids, last)[0]) <= 1e-4
+    for weights, matmul in (("bf16", "auto"), ("int4", "aten")):
+        engine = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights=weights, int4_matmul=matmul)
+        assert engine.decode_attention == "aten", (weights, matmul)
+
+
+def test_bad_decode_attention_is_named(tiny):
+    with pytest.raises(ValueError, match='decode_attention="fast"'):
+        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, decode_attention="fast")
+    with pytest.raises(NotImplementedError, match="torchtpu_attend_one takes bfloat16"):
+        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", decode_attention="own")

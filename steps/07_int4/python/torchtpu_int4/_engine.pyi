@@ -42,6 +42,7 @@ class Engine:
         weights: Literal["auto", "int4", "bf16"] = "auto",
         int4_matmul: Literal["auto", "dot4", "fma4", "aten"] = "auto",
         matvec: Literal["aten", "onednn"] = "aten",
+        decode_attention: Literal["auto", "own", "aten"] = "auto",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
@@ -57,7 +58,11 @@ class Engine:
         (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs, else fma4, else aten).
         matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
         twice oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
-        (Transformers' decode kernel, bit for bit). It does not touch the int4 kernels."""
+        (Transformers' decode kernel, bit for bit). It does not touch the int4 kernels.
+        decode_attention: what runs the attention of a one-token pass (a decode step) over the cache — "own" (this
+        step's torchtpu_attend_one, one call per layer: a CPU with AVX2 and FMA, bfloat16; NotImplementedError
+        elsewhere), "aten" (ATen's ops, as step 03), "auto" (own where the linears run on dot4 or fma4, else aten).
+        Own rounds as ATen does, its float32 sums in other orders."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
@@ -73,6 +78,8 @@ class Engine:
     def attention_dtype(self) -> Literal["bfloat16", "float32"]: ...
     @property
     def matvec(self) -> Literal["aten", "onednn"]: ...
+    @property
+    def decode_attention(self) -> Literal["own", "aten"]: ...
     def layout(self) -> Layout: ...
     def generate(
         self,
