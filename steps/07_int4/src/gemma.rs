@@ -19,6 +19,7 @@ use crate::budget::{self, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
+use crate::norm;
 use crate::onednn::one_row_in_aten;
 use crate::packed::Packed;
 use crate::weights::{Checkpoint, MappedTable};
@@ -124,6 +125,22 @@ impl RmsNorm {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if norm::takes(x, self.weight.as_ref()) {
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, None); // the same bits in one call (norm.rs)
+        }
+        self.forward_in_ops(x)
+    }
+
+    /// `residual + forward(x)`: a residual branch's norm and add, in one call on the CPU.
+    fn added_to(&self, residual: &Tensor, x: &Tensor) -> Result<Tensor> {
+        if norm::takes(x, self.weight.as_ref()) {
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, Some(residual));
+        }
+        Ok(residual.f_add(&self.forward_in_ops(x)?)?)
+    }
+
+    /// Step 03's norm, in ATen's ops: what the CPU's kernel must equal, and what runs elsewhere.
+    fn forward_in_ops(&self, x: &Tensor) -> Result<Tensor> {
         let xf = x.f_to_kind(Kind::Float)?;
         let mean_square = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, None::<Kind>)?;
         let mut y = xf.f_mul(&mean_square.f_add_scalar(self.eps)?.f_pow_tensor_scalar(-0.5)?)?;
@@ -384,11 +401,11 @@ impl DecoderLayer {
         cache: &mut Cache,
     ) -> Result<Tensor> {
         let attn = self.attention.forward(&self.input_norm.forward(x)?, rotation, slots, cache)?;
-        let x = x.f_add(&self.post_attention_norm.forward(&attn)?)?;
+        let x = self.post_attention_norm.added_to(x, &attn)?;
         let ff = self.mlp.forward(&self.pre_feedforward_norm.forward(&x)?)?;
-        let x = x.f_add(&self.post_feedforward_norm.forward(&ff)?)?;
+        let x = self.post_feedforward_norm.added_to(&x, &ff)?;
         let mixed = self.per_layer_input.forward(&x, input)?;
-        let x = x.f_add(&self.post_per_layer_input_norm.forward(&mixed)?)?;
+        let x = self.post_per_layer_input_norm.added_to(&x, &mixed)?;
         Ok(x.f_mul(&self.layer_scalar)?) // the scalar scales the whole residual stream
     }
 }

@@ -14,6 +14,7 @@ mod error;
 mod gemma;
 mod int4;
 mod linear;
+mod norm;
 mod onednn;
 mod packed;
 mod sampling;
