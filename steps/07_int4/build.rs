@@ -30,12 +30,19 @@ fn main() {
     // instructions it uses (`target` attributes), so the files build for any x86-64 and run where cpu.rs says.
     let mut kernels = cc::Build::new();
     kernels.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
-    kernels.file("src/dot4.cpp").file("src/fma4.cpp").file("src/attend.cpp").file("src/norm.cpp").compile("kernels");
+    kernels
+        .file("src/dot4.cpp")
+        .file("src/fma4.cpp")
+        .file("src/attend.cpp")
+        .file("src/norm.cpp")
+        .file("src/argmax.cpp")
+        .compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
     println!("cargo:rerun-if-changed=src/fma4.cpp");
     println!("cargo:rerun-if-changed=src/attend.cpp");
     println!("cargo:rerun-if-changed=src/norm.cpp");
+    println!("cargo:rerun-if-changed=src/argmax.cpp");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

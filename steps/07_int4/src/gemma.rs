@@ -19,9 +19,10 @@ use crate::budget::{self, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
-use crate::norm;
+use crate::norm::{self, After};
 use crate::onednn::one_row_in_aten;
 use crate::packed::Packed;
+use crate::sampling::greedy;
 use crate::weights::{Checkpoint, MappedTable};
 
 /// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows; or left
@@ -126,17 +127,27 @@ impl RmsNorm {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, None); // the same bits in one call (norm.rs)
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Nothing);
+            // the same bits in one call
         }
         self.forward_in_ops(x)
     }
 
-    /// `residual + forward(x)`: a residual branch's norm and add, in one call on the CPU.
+    /// `residual + forward(x)`: a residual branch's norm and add, in one call on the CPU (norm.rs).
     fn added_to(&self, residual: &Tensor, x: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, Some(residual));
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Added(residual));
         }
         Ok(residual.f_add(&self.forward_in_ops(x)?)?)
+    }
+
+    /// `rotation.rotate(forward(x))`: q's or k's norm and rotary embedding, in one call on the CPU (norm.rs).
+    fn rotated(&self, x: &Tensor, rotation: &Rotation) -> Result<Tensor> {
+        if norm::takes(x, self.weight.as_ref()) {
+            let after = After::Rotated { cos: &rotation.cos, sin: &rotation.sin };
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, after);
+        }
+        rotation.rotate(&self.forward_in_ops(x)?)
     }
 
     /// Step 03's norm, in ATen's ops: what the CPU's kernel must equal, and what runs elsewhere.
@@ -289,9 +300,9 @@ impl Attention {
         let heads = |w: &Linear| -> Result<Tensor> {
             Ok(linear(Part::QkvProjections, x, w)?.f_view([x.size()[0], -1, self.head_dim])?)
         };
-        let q = rotation.rotate(&self.q_norm.forward(&heads(&self.q_proj)?)?)?;
+        let q = self.q_norm.rotated(&heads(&self.q_proj)?, rotation)?;
         if let Some(kv) = &self.kv {
-            let k = rotation.rotate(&kv.k_norm.forward(&heads(&kv.k_proj)?)?)?;
+            let k = kv.k_norm.rotated(&heads(&kv.k_proj)?, rotation)?;
             let v = self.v_norm.forward(&heads(&kv.v_proj)?)?;
             timed(Part::CacheWrite, 0, || cache.write(self.layer, slots, &k, &v))?;
         }
@@ -884,7 +895,7 @@ impl Gemma {
             return Ok(Generation { tokens, read_s: start.elapsed().as_secs_f64(), decode_s: 0.0 });
         }
         let last = last.ok_or_else(|| invalid!("generate: the prompt is empty"))?;
-        let mut token = self.head(&last)?.f_argmax(-1, false)?;
+        let mut token = greedy(&self.head(&last)?)?;
         tokens.push(token.f_int64_value(&[0])?);
         let read_s = start.elapsed().as_secs_f64();
 
@@ -896,7 +907,7 @@ impl Gemma {
         while made < max_new && !stopped {
             // the step's position, known on the host too: ids.len() for the first decode step
             let full_slots = cache.decode_slots_at(ids.len() as i64 + made - 1);
-            token = self.decode(&token, &pos, full_slots, cache)?.f_argmax(-1, false)?;
+            token = greedy(&self.decode(&token, &pos, full_slots, cache)?)?;
             pos = pos.f_add_scalar(1)?;
             pending.push(token.shallow_clone());
             made += 1;
@@ -927,13 +938,13 @@ impl Gemma {
         cache: &mut Cache,
         interrupted: &mut dyn FnMut() -> Result<()>,
     ) -> Result<(Vec<i64>, Budget)> {
-        let mut token = self.prefill(ids, cache, interrupted)?.f_argmax(-1, false)?;
+        let mut token = greedy(&self.prefill(ids, cache, interrupted)?)?;
         let mut tokens = vec![token.f_int64_value(&[0])?];
         let (done, budget) = budget::taken(|| -> Result<()> {
             for made in 0..steps {
                 let pos = ids.len() as i64 + made;
                 let logits = self.decode(&token, &self.to_device(&[pos])?, cache.decode_slots_at(pos), cache)?;
-                token = timed(Part::Sampling, 0, || logits.f_argmax(-1, false))?;
+                token = timed(Part::Sampling, 0, || greedy(&logits))?;
                 tokens.push(timed(Part::Sampling, 0, || token.f_int64_value(&[0]))?);
             }
             Ok(())

@@ -1,9 +1,9 @@
-// Gemma 4's RMSNorm in one call, with the residual add that follows it when there is one: the bits of ATen's eight
-// ops (gemma.rs' `RmsNorm::forward_in_ops`), each of which costs a decode step more to dispatch than to compute —
-// 240 norms a step at E2B. norm.rs says when it runs.
+// Gemma 4's RMSNorm in one call, with what follows it — the residual add, or q's and k's rotary embedding — the
+// bits of ATen's ops (gemma.rs' `RmsNorm::forward_in_ops`, `Rotation::rotate`), each of which costs a decode step
+// more to dispatch than to compute: 240 norms a step at E2B. norm.rs says when it runs.
 //
 // Every op but one is elementwise and rounds as IEEE does whatever the loop: the square, `+ eps`, the multiplies, the
-// conversions to bf16 (to nearest even), and `1 / sqrt` — ATen's scalar loop divides in double, its vector loop in
+// conversions to bf16 (to nearest even; a bf16 op computes in float32 and rounds once), and `1 / sqrt` — ATen's scalar loop divides in double, its vector loop in
 // float, which round alike (double's 53 bits are more than 2 · 24 + 2: Figueroa's bound). The one that is not is
 // the mean: a float32 sum, whose bits depend on its order. So the sum here is ATen's, order and all
 // (aten/src/ATen/native/cpu/SumKernel.cpp, `vectorized_inner_sum`): vectors of 8 lanes, taken four at a time into
@@ -125,9 +125,21 @@ T narrow(float v) {
   else return v;
 }
 
+// After the norm: the residual added (residual [rows, n]), or the rotation `x · cos + rotate_half(x) · sin` of each
+// head (cos, sin [rows / heads, n]: one row per token), pairing dim k with k + n/2, or nothing.
 template <typename T>
-void norm(const T* x, const float* w, const T* residual, T* y, int64_t rows, int64_t n, float eps) {
+struct After {
+  const T* residual;
+  const T* cos;
+  const T* sin;
+  int64_t heads;
+};
+
+template <typename T>
+void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_t n, float eps) {
   std::vector<float> xf(n), squares(n);
+  std::vector<T> normed(n);
+  const int64_t half = n / 2;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < n; ++k) {
       xf[k] = widen(x[r * n + k]);
@@ -138,21 +150,40 @@ void norm(const T* x, const float* w, const T* residual, T* y, int64_t rows, int
     for (int64_t k = 0; k < n; ++k) {
       float v = xf[k] * inverse_root;
       if (w) v = v * w[k];
-      const T normed = narrow<T>(v);
-      y[r * n + k] = residual ? narrow<T>(widen(residual[r * n + k]) + widen(normed)) : normed;
+      normed[k] = narrow<T>(v);
+    }
+    T* out = y + r * n;
+    if (after.residual) {
+      for (int64_t k = 0; k < n; ++k) out[k] = narrow<T>(widen(after.residual[r * n + k]) + widen(normed[k]));
+    } else if (after.cos) {
+      const T* cos = after.cos + (r / after.heads) * n;
+      const T* sin = after.sin + (r / after.heads) * n;
+      for (int64_t k = 0; k < n; ++k) {
+        const float turned = k < half ? -widen(normed[k + half]) : widen(normed[k - half]);  // rotate_half
+        const T a = narrow<T>(widen(normed[k]) * widen(cos[k])), b = narrow<T>(turned * widen(sin[k]));
+        out[k] = narrow<T>(widen(a) + widen(b));
+      }
+    } else {
+      std::copy(normed.begin(), normed.end(), out);
     }
   }
 }
 
 }  // namespace
 
-// y [rows, n] = (residual +) x · (mean(x²) + eps)^-0.5 · w, x, residual and y bf16 (bf16 = true) or float32, w
-// float32 [n] or null (no weight), residual null for none.
-extern "C" void torchtpu_rms_norm(const void* x, const float* w, const void* residual, void* y, int64_t rows,
-                                  int64_t n, float eps, bool bf16) {
-  if (bf16)
-    norm(static_cast<const uint16_t*>(x), w, static_cast<const uint16_t*>(residual), static_cast<uint16_t*>(y),
-         rows, n, eps);
-  else
-    norm(static_cast<const float*>(x), w, static_cast<const float*>(residual), static_cast<float*>(y), rows, n, eps);
+// y [rows, n] = x · (mean(x²) + eps)^-0.5 · w, then plus residual [rows, n], or rotated by cos, sin [rows / heads,
+// n] (one row per token), or neither (null): x, residual, cos, sin and y all bf16 (bf16 = true) or all float32, w
+// float32 [n] or null (no weight).
+extern "C" void torchtpu_rms_norm(const void* x, const float* w, const void* residual, const void* cos,
+                                  const void* sin, int64_t heads, void* y, int64_t rows, int64_t n, float eps,
+                                  bool bf16) {
+  if (bf16) {
+    using T = uint16_t;
+    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(cos), static_cast<const T*>(sin), heads};
+    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
+  } else {
+    using T = float;
+    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(cos), static_cast<const T*>(sin), heads};
+    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
+  }
 }
