@@ -28,6 +28,11 @@ def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(ti
                 for i in range(cfg.num_hidden_layers))
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16") == first
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "float32") == 2 * first
+    # step 07's rings attend over the full cache's bucket until they wrap: one chunk too, at this depth
+    chunk = sum(2 * cfg.kv_heads_of(i) * cfg.sliding_window * cfg.head_dim_of(i) * 2
+                for i in range(cfg.num_hidden_layers))
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16", "bucket") == chunk
+    assert bandwidth.kv_bytes_per_token(cfg, ctx, 19, 4, "all", "bfloat16", "bucket") == whole
 
 
 def test_the_memory_line_names_each_part_and_the_runtime():

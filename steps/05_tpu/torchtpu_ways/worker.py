@@ -89,6 +89,7 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
         # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
+        "sliding_slots": getattr(model, "sliding_slots", "ring"),  # step 07's engine: "bucket"
         "memory": model.memory(),
         "weights_reason": getattr(model, "weights_reason", None),  # step 07's: which int4 kernel, and why
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),

@@ -28,7 +28,8 @@ def measure(way: str, prompt: Prompt, tokenizer, model, emb4, device: str, dtype
             "found": answer == prompt.expected if r["available"] else None, "tokens": r["tokens"],
             # what a decode step reads, for the bandwidth figure: the weights as held, and the cache's slots
             "bytes_per_token": r["bytes_per_token"],
-            "decode_slots": r["decode_slots"], "attention_dtype": r["attention_dtype"]}
+            "decode_slots": r["decode_slots"], "attention_dtype": r["attention_dtype"],
+            "sliding_slots": r.get("sliding_slots", "ring")}
 # --8<-- [end:measure]
 
 

@@ -489,6 +489,14 @@ impl Engine {
         })
     }
 
+    /// What a sliding layer attends over: "bucket", as many of its ring's slots as the full caches' rule gives (all a
+    /// ring holds until it wraps; then the whole ring) — step 03 attends over the whole ring. Step 05's bench counts
+    /// the bytes a decode step reads by it.
+    #[getter]
+    fn sliding_slots(&self) -> &'static str {
+        "bucket"
+    }
+
     /// What runs a decode step's attention over the cache: "own" (torchtpu_attend_one) or "aten" (see the class
     /// docstring).
     #[getter]

@@ -80,6 +80,10 @@ class Engine:
     def matvec(self) -> Literal["aten", "onednn"]: ...
     @property
     def decode_attention(self) -> Literal["own", "aten"]: ...
+    @property
+    def sliding_slots(self) -> Literal["bucket"]:
+        """A sliding layer attends over as many of its ring's slots as the full caches' rule gives (step 03: the
+        whole ring)."""
     def layout(self) -> Layout: ...
     def generate(
         self,
