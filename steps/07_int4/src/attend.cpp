@@ -58,6 +58,7 @@ __attribute__((target("avx2,fma"))) inline float sum8(__m256 v) {
 
 constexpr int64_t MAX_GROUP = 8;  // query heads scored against one key at once (E2B: 8 heads share a KV head)
 
+// --8<-- [start:score]
 // Scores of `heads` query rows qf [heads, d] (float32) against the keys of slots [begin, end): scores[h * S + s].
 template <bool BF16>
 __attribute__((target("avx2,fma"))) void score(const float* qf, int64_t heads, const char* k, int64_t slot_bytes,
@@ -78,6 +79,7 @@ __attribute__((target("avx2,fma"))) void score(const float* qf, int64_t heads, c
     }
   }
 }
+// --8<-- [end:score]
 
 // out[h, c0:c1] = Σ_s p[s, h] · v[s, c0:c1] for the `heads` heads sharing these values, over the slots not masked,
 // in slot order: each value row is read once for all of them. p is [S, heads] (transposed for this loop).

@@ -84,6 +84,7 @@ void multi_row_sum(const float* data, int64_t size, Lanes out[4]) {
   for (int k = 0; k < 4; ++k) out[k] = acc[0][k];
 }
 
+// --8<-- [start:sum]
 // ATen's float32 sum of a contiguous row of n (n >= LANES), in its order.
 float aten_sum(const float* row, int64_t n) {
   const int64_t vectors = n / LANES, fours = vectors / 4;
@@ -100,6 +101,7 @@ float aten_sum(const float* row, int64_t n) {
   for (int l = 0; l < LANES; ++l) sum += partial[0].v[l];
   return sum;
 }
+// --8<-- [end:sum]
 
 // ATen's scalar loop for a row shorter than a vector (basic_loop in SumKernel's scalar_inner_sum: row_sum with an
 // ILP of 4 over single floats).
