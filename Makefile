@@ -33,7 +33,7 @@ RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
 # what a step installs: its Rust crate and its Python package (not its tests, scripts' build output or targets)
 STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build -o -name '*.egg-info' \) -prune -o \
 	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
-	-o -name '*.json' -o -name '*.safetensors' -o -name '*.cpp' \) -print)
+	-o -name '*.json' -o -name '*.safetensors' -o -name '*.cpp' -o -name '*.h' \) -print)
 
 .PHONY: run test bench bench-avx2 peer bench-peer train setup clean distclean
 setup: .venv/.steps

@@ -43,6 +43,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/attend.cpp");
     println!("cargo:rerun-if-changed=src/norm.cpp");
     println!("cargo:rerun-if-changed=src/argmax.cpp");
+    println!("cargo:rerun-if-changed=src/bf16.h");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

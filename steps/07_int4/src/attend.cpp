@@ -11,31 +11,17 @@
 // bf16 caches rounded to bf16 as the matmul's output is; masked slots get probability exactly 0; the softmax in
 // float32 (max, exp, sum, one multiply by the sum's reciprocal), with bf16 caches its probabilities rounded to
 // bf16; out = Σ p · v in float32, rounded once to bf16. Scaling is 1.0 (Gemma 4's q and k are normed).
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
-
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// float32 to bf16, rounded to nearest even; NaN stays a quiet NaN (as c10::BFloat16 does it)
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
-  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
 
 float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 

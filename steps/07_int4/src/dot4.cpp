@@ -17,6 +17,8 @@
 // products to a float32 lane (bf16 times bf16 is exact in float32). Per group of columns, the sum over 128 + q is
 // turned into the sum over q - 8 (the stored nibble is q + 8, see int4.rs) by taking off 136 times the group's
 // activation sum, then scaled: y[n] = Σ_g scale[n, g] · (Σ_k (128 + nibble) · x[k] − 136 · Σ_k x[k]).
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -32,13 +34,6 @@ namespace {
 // mat-vec went from about 16 GB/s without it to 28 with it; 1 and 16 KB ahead were slower. Step 05's bench
 // records the kernel's rate as it is.)
 constexpr int AHEAD = 4096;
-
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 // Rows m..m+R of y for one block of 16 outputs: x [R, K] bf16, corr [R, groups] the 136 · Σx of each group.
 template <int R>

@@ -14,26 +14,20 @@
 // A row's activations are first scaled by a power of two that brings its largest to [2^30, 2^31) (undone on the
 // output), so the 2^-24 never takes a small activation below float32's normal range: every product is exact for
 // activations within 2^133 of their row's largest.
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
 
 // As dot4.cpp: one 4 KB page ahead of the loads (a block's weights are one stream).
 constexpr int AHEAD = 4096;
-
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 // Where column k + c of an octet has its nibble in a dot4 word: columns k + 2i at bit 4i, k + 2i + 1 at 16 + 4i.
 constexpr int position(int c) { return c % 2 == 0 ? c / 2 : 4 + c / 2; }

@@ -12,28 +12,14 @@
 // REGISTER_DISPATCH, which gives AVX-512 no build of its own (only ALSO_REGISTER_AVX512_DISPATCH does), so an
 // AVX-512 process sums with the AVX2 build — measured: 16-lane sums differ from torch's on an AVX-512 EPYC, 8-lane
 // ones do not.
+#include "bf16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
-
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// as c10::BFloat16 rounds: to nearest even, NaN to a quiet NaN
-uint16_t float_to_bf16(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
 
 constexpr int LANES = 8;  // ATen's Vectorized<float> in its AVX2 (and default) build
 
