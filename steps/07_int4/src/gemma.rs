@@ -127,8 +127,8 @@ impl RmsNorm {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
+            // the same bits in one call (norm.rs)
             return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Nothing);
-            // the same bits in one call
         }
         self.forward_in_ops(x)
     }
