@@ -43,8 +43,8 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
                 streamed_gb: float = 0.0) -> dict:
     """One E2B MLP mat-vec ([6144 × 1536], one bf16 activation row) called again and again, best of `tries`: the
     bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel; or, with step
-    07 installed, nibbles + float32 scales for each of its own that runs here: torchtpu_dot4_mm with AVX512-BF16,
-    torchtpu_fma4_mm with AVX2 and FMA) over its time. bf16 twice: through oneDNN, as torch picks by default (and
+    07 installed, nibbles + bf16 scales for each of its own that runs here: torchtpu_dot4_mm with AVX512-BF16,
+    torchtpu_fma4_mm with AVX2, FMA and F16C) over its time. bf16 twice: through oneDNN, as torch picks by default (and
     Transformers decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The
     weights stay warm in the CPU's caches, so this is the kernel's best case: a way whose weights come from memory
     reads them no faster than this, however fast the memory is. With `streamed_gb`, each call takes the next of
@@ -72,7 +72,7 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
     if importlib.util.find_spec("torchtpu_int4"):  # step 07's kernel; steps 04-06 never need step 07
         import torchtpu_int4
 
-        def own(kernel):  # step 07's kernels share one layout: nibbles and float32 scales
+        def own(kernel):  # step 07's kernels share one layout: nibbles and bf16 scales
             def make():
                 words = torch.randint(-2**31, 2**31, (n, k // 8), dtype=torch.int32)
                 return torchtpu_int4.Int4Linear(words, torch.rand(n, k // group).to(torch.bfloat16), k, matmul=kernel)

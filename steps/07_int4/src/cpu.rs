@@ -39,7 +39,7 @@ pub fn dot4_runs() -> bool {
     flags && aten_isa() >= Isa::Avx512
 }
 
-/// Whether `torchtpu_fma4_mm` runs: AVX2 and FMA, with ATen allowed AVX2.
+/// Whether `torchtpu_fma4_mm` runs: AVX2, FMA and F16C, with ATen allowed AVX2.
 pub fn fma4_runs() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_fma4_supported() };

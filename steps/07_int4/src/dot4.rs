@@ -8,9 +8,10 @@
 //! waits on its arithmetic, not on memory (step 05's bench times one E2B mat-vec through each kernel).
 //! Here a shift and one logic instruction turn 8 stored nibbles into 4 bf16 pairs `128 + nibble`, and one
 //! `vdpbf16ps` multiplies a pair by the activations' pair and adds both products into float32: the same W4A16
-//! arithmetic, exact products, float32 sums, scales applied once per group. It reads the checkpoint's scales as
-//! float32 (bf16 and f16 are both exact there), so the emb4 twin's f16 scales are kept exactly, where ATen's kernel
-//! takes them rounded to bf16.
+//! arithmetic, exact products, float32 sums, scales applied once per group. It keeps the checkpoint's scales as
+//! stored (bf16, or f16 in the emb4 twin's tables: 2 bytes for 32 weights, as llama.cpp's Q4_0) and widens them to
+//! float32 in the kernel, exactly, so the twin's f16 scales are kept exactly, where ATen's kernel takes them
+//! rounded to bf16.
 //!
 //! Without AVX512-BF16 there is no bf16 dot product; `torchtpu_fma4_mm` reads the same words with AVX2 instead: a
 //! mask leaves one nibble where it lies, `u · 16^p`, an integer the convert instruction makes float32 exactly, and
@@ -22,11 +23,32 @@ use crate::cpu;
 use crate::error::{invalid, Error, Result};
 use crate::packed::{refuses, Packed, REPACK_ROWS};
 
-type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const f32, *mut u16, i64, i64, i64, i64);
+type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64);
 
 extern "C" {
-    fn torchtpu_dot4_mm(x: *const u16, w: *const i32, s: *const f32, y: *mut u16, m: i64, n: i64, k: i64, group: i64);
-    fn torchtpu_fma4_mm(x: *const u16, w: *const i32, s: *const f32, y: *mut u16, m: i64, n: i64, k: i64, group: i64);
+    // s: the scales, f16 where f16_scales, else bf16
+    fn torchtpu_dot4_mm(
+        x: *const u16,
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        y: *mut u16,
+        m: i64,
+        n: i64,
+        k: i64,
+        group: i64,
+    );
+    fn torchtpu_fma4_mm(
+        x: *const u16,
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        y: *mut u16,
+        m: i64,
+        n: i64,
+        k: i64,
+        group: i64,
+    );
 }
 
 /// This step's two kernels, which read the same layout.
@@ -34,7 +56,7 @@ extern "C" {
 pub enum Kernel {
     /// `torchtpu_dot4_mm`: AVX-512 and AVX512-BF16's `vdpbf16ps`.
     Dot4,
-    /// `torchtpu_fma4_mm`: AVX2 and FMA.
+    /// `torchtpu_fma4_mm`: AVX2, FMA and F16C.
     Fma4,
 }
 
@@ -51,7 +73,7 @@ impl Kernel {
     pub fn needs(self) -> &'static str {
         match self {
             Kernel::Dot4 => "a CPU with AVX512-BF16 (vdpbf16ps), with ATen allowed AVX-512",
-            Kernel::Fma4 => "a CPU with AVX2 and FMA, with ATen allowed AVX2",
+            Kernel::Fma4 => "a CPU with AVX2, FMA and F16C, with ATen allowed AVX2",
         }
     }
 
@@ -84,7 +106,8 @@ pub struct Dot4Linear {
     /// int32 `[out / 16, in / 8, 16]`: for each block of 16 output rows, the rows' words side by side, column
     /// octet after octet, so a block's weights are one stream.
     words: Tensor,
-    /// float32 `[out / 16, in / group, 16]`: the 16 rows' scales of each group, side by side.
+    /// bf16 or f16 `[out / 16, in / group, 16]`, as the checkpoint stores them: the 16 rows' scales of each group,
+    /// side by side (the kernel widens them to float32, exactly).
     scales: Tensor,
     group: i64,
     kernel: Kernel,
@@ -116,8 +139,10 @@ impl Dot4Linear {
             words.f_narrow(0, start / 16, n / 16)?.f_copy_(&blocks)?;
             start += n;
         }
-        let scale = w.scale().f_to_kind(Kind::Float)?; // exact for bf16 and f16 alike
-        let scales = scale.f_view([rows / 16, 16, cols / group])?.f_transpose(1, 2)?.f_contiguous()?;
+        if !matches!(w.scale().kind(), Kind::BFloat16 | Kind::Half) {
+            return Err(Error::Unsupported(format!("{name}: scales in {:?}, need bf16 or f16", w.scale().kind())));
+        }
+        let scales = w.scale().f_view([rows / 16, 16, cols / group])?.f_transpose(1, 2)?.f_contiguous()?;
         Ok(Dot4Linear { words, scales, group, kernel })
     }
 
@@ -144,7 +169,8 @@ impl Dot4Linear {
                 (self.kernel.multiply())(
                     x.data_ptr() as *const u16,
                     self.words.data_ptr() as *const i32,
-                    self.scales.data_ptr() as *const f32,
+                    self.scales.data_ptr() as *const u16,
+                    self.scales.kind() == Kind::Half,
                     y.data_ptr() as *mut u16,
                     m,
                     rows,
@@ -177,7 +203,7 @@ mod tests {
     fn kernels_here() -> Vec<Kernel> {
         let here: Vec<Kernel> = [Kernel::Dot4, Kernel::Fma4].into_iter().filter(|k| k.runs()).collect();
         if here.is_empty() {
-            eprintln!("skipped: neither kernel runs on this CPU (no AVX2 and FMA)");
+            eprintln!("skipped: neither kernel runs on this CPU (no AVX2, FMA and F16C)");
         }
         here
     }
@@ -255,7 +281,7 @@ mod tests {
             for (rows, cols, scale_kind, ms) in cases.clone() {
                 let w = random_matrix_scaled_in(rows, cols, 2, scale_kind);
                 let linear = Dot4Linear::new("w", &w, kernel).unwrap();
-                assert_eq!(linear.bytes(), rows * cols / 2 + rows * (cols / 32) * 4);
+                assert_eq!(linear.bytes(), rows * cols / 2 + rows * (cols / 32) * 2);
                 for m in ms {
                     let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     check(&linear, &w, &x, &format!("[{rows} × {cols}], m={m}"));

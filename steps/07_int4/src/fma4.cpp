@@ -1,4 +1,4 @@
-// This step's int4 matmul for CPUs with AVX2 and FMA but no AVX512-BF16 (AMD Zen 2 and 3, Intel desktops and
+// This step's int4 matmul for CPUs with AVX2, FMA and F16C but no AVX512-BF16 (AMD Zen 2 and 3, Intel desktops and
 // laptops before Sapphire Rapids, and any CPU kept to AVX2): the same W4A16 arithmetic as dot4.cpp, on the same
 // layout (dot4.cpp draws it), in 8-lane float32 registers. dot4.rs says when it runs and what it computes.
 //
@@ -8,7 +8,8 @@
 // the activations' side: each column's activation is stored once, before the product, times 16^-p for the
 // position p its nibble sits at (the top nibble is shifted down instead, so the smallest factor is 2^-24) — powers
 // of two, so every product u · x is exactly the one the arithmetic names. Per group of columns the sum over the
-// stored u = q + 8 becomes the sum over q by taking off 8 · Σx, then the group's float32 scale multiplies it:
+// stored u = q + 8 becomes the sum over q by taking off 8 · Σx, then the group's scale (bf16 or f16, widened to
+// float32 exactly) multiplies it:
 //   y[n] = Σ_g scale[n, g] · (Σ_k u[n, k] · x[k] − 8 · Σ_k x[k]),   rounded once to bf16.
 // --8<-- [end:idea]
 // A row's activations are first scaled by a power of two that brings its largest to [2^30, 2^31) (undone on the
@@ -48,12 +49,21 @@ alignas(32) const int32_t MASKS[8][8] = {
     M(0), M(4), M(1), M(5), M(2), M(6), M(3), {0, 0, 0, 0, 0, 0, 0, 0}};
 #undef M
 
+// 8 of a block's scales, widened to float32 (exact): f16 by F16C's convert, bf16 by a shift.
+template <bool F16>
+__attribute__((target("avx2,f16c"))) inline __m256 widened(const uint16_t* s) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  if constexpr (F16) return _mm256_cvtph_ps(half);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
 // Rows m..m+R of y for one block of 16 outputs. xs [R, K] float32: the activations scaled as above; corr [R,
-// groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling.
-template <int R>
-__attribute__((target("avx2,fma"))) void block(const float* xs, int64_t K, const float* corr, int64_t groups,
-                                               const float* unscale, const int32_t* w, const float* s,
-                                               int64_t group, uint16_t* y, int64_t N) {
+// groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling; s the
+// block's scales (f16 if F16, else bf16).
+template <int R, bool F16>
+__attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, const float* corr, int64_t groups,
+                                                    const float* unscale, const int32_t* w, const uint16_t* s,
+                                                    int64_t group, uint16_t* y, int64_t N) {
   // P sums per row and half, so that enough FMAs are in flight (an FMA waits 4 cycles for its sum), and no more:
   // every register a sum takes is one the compiler cannot give a word or a product
   constexpr int P = R == 1 ? 3 : R == 2 ? 2 : 1;
@@ -86,9 +96,10 @@ __attribute__((target("avx2,fma"))) void block(const float* xs, int64_t K, const
       }
     }
     // --8<-- [end:inner]
-    _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 4, _MM_HINT_T0);
+    // as dot4: a group's scales are an eighth of its words' bytes, so an eighth of the distance ahead
+    _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 8, _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
-      const __m256 scale = _mm256_loadu_ps(s + g * 16 + h * 8);
+      const __m256 scale = widened<F16>(s + g * 16 + h * 8);
       for (int r = 0; r < R; ++r) {
         __m256 sum = part[r][h][0];
         for (int i = 1; i < P; ++i) sum = _mm256_add_ps(sum, part[r][h][i]);
@@ -114,15 +125,9 @@ __attribute__((target("avx2,fma"))) void block(const float* xs, int64_t K, const
   }
 }
 
-}  // namespace
-
-extern "C" bool torchtpu_fma4_supported() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-// y [M, N] = x [M, K] · Wᵀ, all bf16 but the scales; shapes checked by dot4.rs (N % 16, K % group, group % 8).
-extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const float* s, uint16_t* y, int64_t M,
-                                 int64_t N, int64_t K, int64_t group) {
+template <bool F16>
+void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
+              int64_t group) {
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> xs(M * K), corr(M * groups), unscale(M);
   float factor[8];
@@ -149,17 +154,30 @@ extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const floa
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
       const int32_t* wb = w + b * (K / 8) * 16;
-      const float* sb = s + b * groups * 16;
+      const uint16_t* sb = s + b * groups * 16;
       const float* xm = xs.data() + m * K;
       const float* cm = corr.data() + m * groups;
       const float* um = unscale.data() + m;
       uint16_t* ym = y + m * N + b * 16;
       switch (rows) {
-        case 1: block<1>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        case 2: block<2>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        case 3: block<3>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        default: block<4>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+        default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
       }
     }
   });
+}
+
+}  // namespace
+
+extern "C" bool torchtpu_fma4_supported() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+// y [M, N] = x [M, K] · Wᵀ, x and y bf16, the scales s bf16 or (f16_scales) f16; shapes checked by dot4.rs (N % 16,
+// K % group, group % 8).
+extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
+                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group) {
+  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group);
 }

@@ -126,7 +126,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which was
 ///     taken and `engine.weights_reason` why.
 /// int4_matmul: the int4 kernel: "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16), "fma4" (this step's
-///     torchtpu_fma4_mm: a CPU with AVX2 and FMA), both bfloat16 activations on the CPU and NotImplementedError
+///     torchtpu_fma4_mm: a CPU with AVX2, FMA and F16C), both bfloat16 activations on the CPU and NotImplementedError
 ///     elsewhere; "aten" (aten::_weight_int4pack_mm_for_cpu: any CPU), or "auto" (dot4 where it runs, else fma4,
 ///     else aten; under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, fma4). All compute the same W4A16
 ///     products, their float32 sums in other orders.
@@ -277,8 +277,8 @@ fn dot4_runs() -> bool {
 
 /// fma4_runs() -> bool
 ///
-/// Whether torchtpu_fma4_mm, this step's int4 kernel for AVX2, runs in this process: the CPU has AVX2 and FMA, and
-/// ATen may use AVX2.
+/// Whether torchtpu_fma4_mm, this step's int4 kernel for AVX2, runs in this process: the CPU has AVX2, FMA and
+/// F16C, and ATen may use AVX2.
 #[pyfunction]
 fn fma4_runs() -> bool {
     Kernel::Fma4.runs()

@@ -35,7 +35,7 @@ pub enum Int4Matmul {
     Aten,
     /// This step's, `torchtpu_dot4_mm` (dot4.rs): CPUs with AVX512-BF16, bfloat16 activations.
     Dot4,
-    /// This step's, `torchtpu_fma4_mm` (dot4.rs, the same layout): CPUs with AVX2 and FMA, bfloat16 activations.
+    /// This step's, `torchtpu_fma4_mm` (dot4.rs, the same layout): CPUs with AVX2, FMA and F16C, bfloat16 activations.
     Fma4,
 }
 

@@ -1,5 +1,5 @@
 """torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by an int4 kernel on the CPU:
-this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2 and FMA), else
+this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2, FMA, F16C), else
 ATen's (aten::_weight_int4pack_mm_for_cpu).
 
     import torch, torchtpu_int4
