@@ -127,7 +127,13 @@ def matvec_bits_apart(rows: int = 64) -> int:
 
 
 def memory_line(row: dict) -> str:
-    """`<way> holds: linears 1.17 GB, …; the runtime and the allocator's slack: the rest of its peak`."""
+    """`<way> holds: linears 1.17 GB, …; the runtime and the allocator's slack: the rest of its peak`. llama.cpp maps
+    its file instead (`mapped`): its peak counts the pages it touched, so part of a table read a row at a time (the
+    per-layer one) may never count, and the file can be larger than the peak."""
+    if row.get("mapped"):
+        stored = sum(row["memory"].values()) / 1e9
+        return (f"{label(row)} maps its {stored:.2f} GB file and reads a page where it needs one: its "
+                f"{row['peak_gb']:.2f} GB peak is the pages it touched, its copies of them and the runtime")
     held = ", ".join(f"{part} {n / 1e9:.2f}" for part, n in row["memory"].items())
     rest = row["peak_gb"] - sum(row["memory"].values()) / 1e9
     return f"{label(row)} holds (GB): {held}; the rest of its {row['peak_gb']:.2f} GB peak ({rest:.2f}) is the runtime"
@@ -287,10 +293,11 @@ def main() -> None:
     short = {row["way"]: row for row in measure(short_ways, args.short_ctx)} if short_ways else {}
     print(table(rows))
     print("\n".join(identity_lines(rows)))
-    print(f"{'way':<28}{'weights GB / token':>19}{'KV GB / token':>15}{'bandwidth fraction':>20}")
+    wide = max([len(label(row)) + 2 for row in rows if row["available"]] + [28])
+    print(f"{'way':<{wide}}{'weights GB / token':>19}{'KV GB / token':>15}{'bandwidth fraction':>20}")
     for row in rows:
         if row["available"]:
-            print(f"{label(row):<28}{row['bytes_per_token'] / 1e9:>19.2f}{row['kv_bytes_per_token'] / 1e9:>15.4f}"
+            print(f"{label(row):<{wide}}{row['bytes_per_token'] / 1e9:>19.2f}{row['kv_bytes_per_token'] / 1e9:>15.4f}"
                   f"{row['bandwidth_fraction']:>20.2f}")
     # the caches are held in the dtype attention computes in: the ways share its default (float32 where this
     # CPU's bf16 matmul is slow)

@@ -39,6 +39,9 @@ def test_the_memory_line_names_each_part_and_the_runtime():
     line = bench.memory_line({**row(), "peak_gb": 3.0, "memory": {"linears": 1.2e9, "kv caches": 0.3e9}})
     assert line == "Rust int4, torch 2.13 holds (GB): linears 1.20, kv caches 0.30; the rest of its 3.00 GB peak " \
                    "(1.50) is the runtime"
+    # llama.cpp maps its file: a peak below the file is no negative runtime
+    mapped = {"way": "llamacpp-bf16", "peak_gb": 5.28, "memory": {"weights as stored": 9.26e9}, "mapped": True}
+    assert "maps its 9.26 GB file" in bench.memory_line(mapped) and "-" not in bench.memory_line(mapped)
 
 
 def test_int4_targets_appear_only_when_its_way_ran():

@@ -76,6 +76,6 @@ def run(way: str, model, ctx: int, ids: list[int], max_new: int, stop: list[int]
             raise PeerUnavailable(crash_why(proc))
         row = json.loads(out.read_text())
     held = stored_bytes(gguf)
-    row.update(bytes_per_token=held["per_token"], memory={"weights as stored": held["stored"]}, gguf=records.name(gguf),
-               cmake_args=peer.build_info(build)["cmake_args"], peer_version=peer.VERSION)
+    row.update(bytes_per_token=held["per_token"], memory={"weights as stored": held["stored"]}, mapped=True,
+               gguf=records.name(gguf), cmake_args=peer.build_info(build)["cmake_args"], peer_version=peer.VERSION)
     return row
