@@ -36,6 +36,7 @@ fn main() {
         .file("src/attend.cpp")
         .file("src/norm.cpp")
         .file("src/argmax.cpp")
+        .file("src/tanh.cpp")
         .compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
@@ -43,6 +44,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/attend.cpp");
     println!("cargo:rerun-if-changed=src/norm.cpp");
     println!("cargo:rerun-if-changed=src/argmax.cpp");
+    println!("cargo:rerun-if-changed=src/tanh.cpp");
     println!("cargo:rerun-if-changed=src/bf16.h");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.

@@ -23,6 +23,7 @@ use crate::norm::{self, After};
 use crate::onednn::one_row_in_aten;
 use crate::packed::Packed;
 use crate::sampling::greedy;
+use crate::tanh;
 use crate::weights::{Checkpoint, MappedTable};
 
 /// An embedding table: as stored (bf16), or packed int4 (the emb4 twin), gathering and unpacking rows; or left
@@ -102,8 +103,12 @@ fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
     timed(part, w.bytes(), || w.forward(x))
 }
 
-fn gelu(x: &Tensor) -> Result<Tensor> {
-    Ok(x.f_gelu("tanh")?)
+/// `gelu_tanh(gate) · other`: in one call on the CPU (tanh.rs, the same bits), else in ATen's two ops.
+fn gelu_times(gate: &Tensor, other: &Tensor) -> Result<Tensor> {
+    if tanh::gelu_takes(gate, other) {
+        return tanh::gelu_times(gate, other);
+    }
+    Ok(gate.f_gelu("tanh")?.f_mul(other)?)
 }
 
 /// A python-style scalar rounded to the compute dtype first, as Transformers' `tensor(s).to(dtype)` does.
@@ -342,7 +347,7 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = linear(Part::GateUpProjections, x, &self.gate_proj)?;
         let up = linear(Part::GateUpProjections, x, &self.up_proj)?;
-        linear(Part::DownProjection, &gelu(&gate)?.f_mul(&up)?, &self.down_proj)
+        linear(Part::DownProjection, &gelu_times(&gate, &up)?, &self.down_proj)
     }
 }
 
@@ -364,8 +369,8 @@ impl PerLayerInput {
     }
 
     fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
-        let gate = gelu(&linear(Part::PerLayerInput, x, &self.gate)?)?;
-        linear(Part::PerLayerInput, &gate.f_mul(input)?, &self.projection)
+        let gate = linear(Part::PerLayerInput, x, &self.gate)?;
+        linear(Part::PerLayerInput, &gelu_times(&gate, input)?, &self.projection)
     }
 }
 
@@ -837,6 +842,7 @@ impl Gemma {
     pub fn head(&self, out: &Tensor) -> Result<Tensor> {
         let logits = linear(Part::Head, out, &self.lm_head)?;
         Ok(match self.cfg.final_logit_softcapping {
+            Some(cap) if tanh::softcap_takes(&logits) => tanh::softcap(&logits, cap)?, // the same bits in one call
             Some(cap) => logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?,
             None => logits,
         })

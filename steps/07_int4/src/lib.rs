@@ -18,6 +18,7 @@ mod norm;
 mod onednn;
 mod packed;
 mod sampling;
+mod tanh;
 mod weights;
 
 use std::path::PathBuf;
