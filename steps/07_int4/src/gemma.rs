@@ -146,6 +146,14 @@ impl RmsNorm {
         Ok(residual.f_add(&self.forward_in_ops(x)?)?)
     }
 
+    /// `(residual + forward(x)) · scale`: the same, then the layer scalar, in one call on the CPU (norm.rs).
+    fn added_to_then_scaled(&self, residual: &Tensor, x: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        if norm::takes(x, self.weight.as_ref()) && scale.kind() == x.kind() && scale.size() == [1] {
+            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::AddedScaled(residual, scale));
+        }
+        Ok(residual.f_add(&self.forward_in_ops(x)?)?.f_mul(scale)?)
+    }
+
     /// `rotation.rotate(forward(x))`: q's or k's norm and rotary embedding, in one call on the CPU (norm.rs).
     fn rotated(&self, x: &Tensor, rotation: &Rotation) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
@@ -421,8 +429,8 @@ impl DecoderLayer {
         let ff = self.mlp.forward(&self.pre_feedforward_norm.forward(&x)?)?;
         let x = self.post_feedforward_norm.added_to(&x, &ff)?;
         let mixed = self.per_layer_input.forward(&x, input)?;
-        let x = self.post_per_layer_input_norm.added_to(&x, &mixed)?;
-        Ok(x.f_mul(&self.layer_scalar)?) // the scalar scales the whole residual stream
+        // the layer scalar scales the whole residual stream
+        self.post_per_layer_input_norm.added_to_then_scaled(&x, &mixed, &self.layer_scalar)
     }
 }
 // --8<-- [end:layer]

@@ -113,11 +113,13 @@ T narrow(float v) {
   else return v;
 }
 
-// After the norm: the residual added (residual [rows, n]), or the rotation `x · cos + rotate_half(x) · sin` of each
-// head (cos, sin [rows / heads, n]: one row per token), pairing dim k with k + n/2, or nothing.
+// After the norm: the residual added (residual [rows, n]) and, if scale is not null, the sum times *scale; or the
+// rotation `x · cos + rotate_half(x) · sin` of each head (cos, sin [rows / heads, n]: one row per token), pairing
+// dim k with k + n/2; or nothing.
 template <typename T>
 struct After {
   const T* residual;
+  const T* scale;
   const T* cos;
   const T* sin;
   int64_t heads;
@@ -143,6 +145,8 @@ void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_
     T* out = y + r * n;
     if (after.residual) {
       for (int64_t k = 0; k < n; ++k) out[k] = narrow<T>(widen(after.residual[r * n + k]) + widen(normed[k]));
+      if (after.scale)  // rounded after the add, as ATen's mul after its add
+        for (int64_t k = 0; k < n; ++k) out[k] = narrow<T>(widen(out[k]) * widen(*after.scale));
     } else if (after.cos) {
       const T* cos = after.cos + (r / after.heads) * n;
       const T* sin = after.sin + (r / after.heads) * n;
@@ -159,19 +163,21 @@ void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_
 
 }  // namespace
 
-// y [rows, n] = x · (mean(x²) + eps)^-0.5 · w, then plus residual [rows, n], or rotated by cos, sin [rows / heads,
-// n] (one row per token), or neither (null): x, residual, cos, sin and y all bf16 (bf16 = true) or all float32, w
-// float32 [n] or null (no weight).
-extern "C" void torchtpu_rms_norm(const void* x, const float* w, const void* residual, const void* cos,
-                                  const void* sin, int64_t heads, void* y, int64_t rows, int64_t n, float eps,
-                                  bool bf16) {
+// y [rows, n] = x · (mean(x²) + eps)^-0.5 · w, then plus residual [rows, n] (then times scale [1], unless null), or
+// rotated by cos, sin [rows / heads, n] (one row per token), or neither (null): x, residual, scale, cos, sin and y
+// all bf16 (bf16 = true) or all float32, w float32 [n] or null (no weight).
+extern "C" void torchtpu_rms_norm(const void* x, const float* w, const void* residual, const void* scale,
+                                  const void* cos, const void* sin, int64_t heads, void* y, int64_t rows, int64_t n,
+                                  float eps, bool bf16) {
   if (bf16) {
     using T = uint16_t;
-    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(cos), static_cast<const T*>(sin), heads};
+    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(scale), static_cast<const T*>(cos),
+                         static_cast<const T*>(sin), heads};
     norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
   } else {
     using T = float;
-    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(cos), static_cast<const T*>(sin), heads};
+    const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(scale), static_cast<const T*>(cos),
+                         static_cast<const T*>(sin), heads};
     norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
   }
 }

@@ -15,6 +15,7 @@ extern "C" {
         x: *const c_void,
         w: *const f32,
         residual: *const c_void,
+        scale: *const c_void,
         cos: *const c_void,
         sin: *const c_void,
         heads: i64,
@@ -31,6 +32,8 @@ pub enum After<'a> {
     Nothing,
     /// `residual + norm(x)`: a residual branch's end; residual shaped as x.
     Added(&'a Tensor),
+    /// `(residual + norm(x)) · scale`, scale one value of x's dtype: the decoder layer's last branch and its scalar.
+    AddedScaled(&'a Tensor, &'a Tensor),
     /// `rotate(norm(x))` (gemma.rs' `Rotation::rotate`) for x `[tokens, heads, d]`, cos and sin `[tokens, 1, d]`.
     Rotated {
         cos: &'a Tensor,
@@ -58,6 +61,7 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
         && match &after {
             After::Nothing => true,
             After::Added(residual) => like_x(residual, &size),
+            After::AddedScaled(residual, scale) => like_x(residual, &size) && like_x(scale, &[1]),
             After::Rotated { cos, sin } => {
                 size.len() == 3 && size[2] % 2 == 0 && [cos, sin].iter().all(|t| like_x(t, &[size[0], 1, size[2]]))
             }
@@ -72,6 +76,7 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
             match &after {
                 After::Nothing => "nothing".to_string(),
                 After::Added(r) => format!("+ residual {:?}", what(r)),
+                After::AddedScaled(r, s) => format!("+ residual {:?}, times {:?}", what(r), what(s)),
                 After::Rotated { cos, sin } => format!("rotated by cos {:?}, sin {:?}", what(cos), what(sin)),
             }
         ));
@@ -79,10 +84,11 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
     let n = *size.last().expect("checked above");
     let x = x.f_contiguous()?;
     let contiguous = |t: &Tensor| t.f_contiguous();
-    let (residual, cos, sin) = match &after {
-        After::Nothing => (None, None, None),
-        After::Added(r) => (Some(contiguous(r)?), None, None),
-        After::Rotated { cos, sin } => (None, Some(contiguous(cos)?), Some(contiguous(sin)?)),
+    let (residual, scale, cos, sin) = match &after {
+        After::Nothing => (None, None, None, None),
+        After::Added(r) => (Some(contiguous(r)?), None, None, None),
+        After::AddedScaled(r, s) => (Some(contiguous(r)?), Some(contiguous(s)?), None, None),
+        After::Rotated { cos, sin } => (None, None, Some(contiguous(cos)?), Some(contiguous(sin)?)),
     };
     let heads = if cos.is_some() { size[1] } else { 1 };
     let y = x.f_empty_like()?;
@@ -94,6 +100,7 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
             x.data_ptr(),
             weight.map_or(std::ptr::null(), |w| w.data_ptr() as *const f32),
             pointer(&residual),
+            pointer(&scale),
             pointer(&cos),
             pointer(&sin),
             heads,
@@ -139,6 +146,10 @@ mod tests {
                         assert!(ours.equal(&in_ops(&x, weight, 1e-6)), "{shape:?} {kind:?} x{scale}");
                         let added = rms_norm(&x, weight, 1e-6, After::Added(&residual)).unwrap();
                         assert!(added.equal(&(&residual + in_ops(&x, weight, 1e-6))), "{shape:?} {kind:?} + residual");
+                        let scale = (Tensor::rand([1], (Kind::Float, Device::Cpu)) * 2.0).to_kind(kind);
+                        let scaled = rms_norm(&x, weight, 1e-6, After::AddedScaled(&residual, &scale)).unwrap();
+                        let theirs = (&residual + in_ops(&x, weight, 1e-6)) * &scale;
+                        assert!(scaled.equal(&theirs), "{shape:?} {kind:?} + residual, scaled");
                         cases += 1;
                     }
                 }
