@@ -336,26 +336,49 @@ impl Attention {
 /// The feed-forward block: `down(gelu_tanh(gate(x)) · up(x))`, double-wide on KV-shared layers when the
 /// config says so.
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    gate_up: GateUp,
     down_proj: Linear,
+}
+
+/// The feed-forward block's two products of one input.
+enum GateUp {
+    /// Dense, or on ATen's int4 kernel: apart, as step 03 holds them.
+    Apart { gate: Linear, up: Linear },
+    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Linear::stacked`: the same bits
+    /// row for row), its first `ff` outputs gate's.
+    Stacked { both: Linear, ff: i64 },
 }
 
 impl Mlp {
     fn load(ckpt: &Checkpoint, cfg: &TextConfig, i: i64, held: &Held, like: &Tensor) -> Result<Mlp> {
         let (size, ff) = (cfg.hidden_size, cfg.intermediate(i));
         let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&format!("layers.{i}.mlp.{s}"), out, inp, held, like);
-        Ok(Mlp {
-            gate_proj: lin("gate_proj", ff, size)?,
-            up_proj: lin("up_proj", ff, size)?,
-            down_proj: lin("down_proj", size, ff)?,
-        })
+        let (gate, up) = (lin("gate_proj", ff, size)?, lin("up_proj", ff, size)?);
+        let gate_up = match Linear::stacked(&gate, &up)? {
+            Some(both) => GateUp::Stacked { both, ff },
+            None => GateUp::Apart { gate, up },
+        };
+        Ok(Mlp { gate_up, down_proj: lin("down_proj", size, ff)? })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = linear(Part::GateUpProjections, x, &self.gate_proj)?;
-        let up = linear(Part::GateUpProjections, x, &self.up_proj)?;
+        let (gate, up) = match &self.gate_up {
+            GateUp::Apart { gate, up } => {
+                (linear(Part::GateUpProjections, x, gate)?, linear(Part::GateUpProjections, x, up)?)
+            }
+            GateUp::Stacked { both, ff } => {
+                let both = linear(Part::GateUpProjections, x, both)?;
+                (both.f_narrow(-1, 0, *ff)?, both.f_narrow(-1, *ff, *ff)?)
+            }
+        };
         linear(Part::DownProjection, &gelu_times(&gate, &up)?, &self.down_proj)
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        match &self.gate_up {
+            GateUp::Apart { gate, up } => vec![gate, up, &self.down_proj],
+            GateUp::Stacked { both, .. } => vec![both, &self.down_proj],
+        }
     }
 }
 
@@ -769,8 +792,8 @@ impl Gemma {
         let mut norms = norm(&inputs.projection_norm) + norm(&self.norm);
         for l in &self.layers {
             let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
-            let all = [&a.q_proj, &a.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, &pli.gate, &pli.projection];
-            linears += all.into_iter().map(Linear::bytes).sum::<i64>();
+            let all = [&a.q_proj, &a.o_proj, &pli.gate, &pli.projection].into_iter().chain(mlp.linears());
+            linears += all.map(Linear::bytes).sum::<i64>();
             let layer_norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
             let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
             norms += layer_norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);

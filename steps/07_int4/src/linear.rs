@@ -86,6 +86,16 @@ impl Linear {
         }
     }
 
+    /// `[a; b]` as one linear where both are on one of this step's kernels — two products of one input in one call,
+    /// every output the bits it has apart (dot4.rs) — else None: a dense product, or ATen's int4 kernel, of stacked
+    /// rows may sum in another order, and `weights="bf16"` stays step 03's engine bit for bit.
+    pub fn stacked(a: &Linear, b: &Linear) -> Result<Option<Linear>> {
+        Ok(match (a, b) {
+            (Linear::Dot4(a), Linear::Dot4(b)) => Some(Linear::Dot4(Dot4Linear::stacked(a, b)?)),
+            _ => None,
+        })
+    }
+
     pub fn bytes(&self) -> i64 {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
