@@ -66,6 +66,7 @@ test: setup
 	python -m pytest tests/copy
 	@echo "== the tests whose expectations depend on the CPU's defaults, again with torch and oneDNN kept to AVX2:"
 	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
+	$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
 	$(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
