@@ -37,6 +37,7 @@ fn main() {
         .file("src/norm.cpp")
         .file("src/argmax.cpp")
         .file("src/tanh.cpp")
+        .file("src/panels.cpp")
         .compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
@@ -45,6 +46,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/norm.cpp");
     println!("cargo:rerun-if-changed=src/argmax.cpp");
     println!("cargo:rerun-if-changed=src/tanh.cpp");
+    println!("cargo:rerun-if-changed=src/panels.cpp");
     println!("cargo:rerun-if-changed=src/bf16.h");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.

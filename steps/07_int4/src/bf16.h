@@ -1,6 +1,9 @@
 // bf16 <-> float32 for this step's kernels, one scalar at a time: widening is exact (a bf16 is a float32's top 16
-// bits); narrowing rounds to nearest even and keeps NaN a quiet NaN, as c10::BFloat16 does.
+// bits); narrowing rounds to nearest even and keeps NaN a quiet NaN, as c10::BFloat16 does. And a block's 16
+// scales widened at once, for the AVX-512 kernels.
 #pragma once
+
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,4 +21,13 @@ inline uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+// 16 scales of a block of rows, widened to float32 (exact): f16 by the convert instruction, bf16 by a shift
+// (dot4.cpp, panels.cpp).
+template <bool F16>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 widened16(const uint16_t* s) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  if constexpr (F16) return _mm512_cvtph_ps(half);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }

@@ -12,6 +12,7 @@ extern "C" {
     fn torchtpu_dot4_supported() -> bool;
     fn torchtpu_fma4_supported() -> bool;
     fn torchtpu_attend_supported() -> bool; // attend.cpp
+    fn torchtpu_panels_supported() -> bool; // panels.cpp
 }
 
 /// ATen's vector ISA in this process, as torch reports it: `DEFAULT < AVX2 < AVX512`.
@@ -44,6 +45,14 @@ pub fn fma4_runs() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_fma4_supported() };
     flags && aten_isa() >= Isa::Avx2
+}
+
+/// Whether dot4's prompt chunks go by panels (`torchtpu_unpack_panel`, then torch's bf16 matmul): AMX's bf16 tiles,
+/// which oneDNN multiplies on, and the AVX-512 the unpacking uses, with ATen allowed AVX-512.
+pub fn panels_run() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_panels_supported() };
+    flags && aten_isa() >= Isa::Avx512
 }
 // --8<-- [end:choose]
 

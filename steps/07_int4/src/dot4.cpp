@@ -36,14 +36,6 @@ namespace {
 // records the kernel's rate as it is.)
 constexpr int AHEAD = 4096;
 
-// A block's 16 scales of one group, widened to float32 (exact): f16 by the convert instruction, bf16 by a shift.
-template <bool F16>
-__attribute__((target("avx512f,avx512bw"))) inline __m512 widened(const uint16_t* s) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
-  if constexpr (F16) return _mm512_cvtph_ps(half);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
 // Rows m..m+R of y for one block of 16 outputs: x [R, K] bf16, corr [R, groups] the 136 · Σx of each group, s the
 // block's scales (f16 if F16, else bf16).
 template <int R, bool F16>
@@ -79,7 +71,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
     }
     // a group's scales are an eighth of its words' bytes: an eighth of the distance is as far ahead in time
     _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 8, _MM_HINT_T0);
-    const __m512 scale = widened<F16>(s + g * 16);
+    const __m512 scale = widened16<F16>(s + g * 16);
     for (int r = 0; r < R; ++r) {
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
       acc[r] = _mm512_fmadd_ps(scale, _mm512_sub_ps(sum, _mm512_set1_ps(corr[r * groups + g])), acc[r]);

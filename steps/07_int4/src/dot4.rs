@@ -49,7 +49,26 @@ extern "C" {
         k: i64,
         group: i64,
     );
+    // panels.cpp: `blocks` blocks of 16 rows back to bf16 weights, into wt [k, 16 · blocks]
+    fn torchtpu_unpack_panel(
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        wt: *mut u16,
+        blocks: i64,
+        k: i64,
+        group: i64,
+    );
 }
+
+/// From how many activation rows dot4's products go by panels where AMX runs (`cpu::panels_run`): a prompt chunk's
+/// product, never a decode step's. Unpacking a matrix costs about what dot4 spends on 16 to 64 rows of it: on an
+/// Intel Xeon with AMX, quiet, 2 threads (2026-12-05), E2B's [12288 × 1536] took 3.5 / 11.1 / 14.1 / 115 ms by
+/// dot4 at 16 / 32 / 64 / 512 rows and 8.4 / 8.7 / 9.0 / 20.5 by panels; [2048 × 1536] 0.6 / 1.2 / 2.4 / 19.2 and
+/// 1.3 / 1.4 / 1.5 / 2.8; [1536 × 6144] 1.8 / 3.6 / 7.3 / 58.9 and 4.9 / 4.3 / 4.9 / 10.4.
+pub const PANEL_MIN_ROWS: i64 = 64;
+/// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
+const PANEL_ROWS: i64 = 1024;
 
 /// This step's two kernels, which read the same layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,8 +166,7 @@ impl Dot4Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
-        let (rows, cols) = (blocks * 16, octets * 8);
+        let cols = self.words.size()[1] * 8;
         if x.kind() != Kind::BFloat16 || x.dim() != 2 || x.size()[1] != cols || x.device() != Device::Cpu {
             return Err(invalid!(
                 "{}: activations {:?} of shape {:?} on {:?}, need 2-D bfloat16 [tokens, {cols}] on the CPU",
@@ -159,7 +177,17 @@ impl Dot4Linear {
             ));
         }
         let x = x.f_contiguous()?;
-        let m = x.size()[0];
+        if self.kernel == Kernel::Dot4 && x.size()[0] >= PANEL_MIN_ROWS && cpu::panels_run() {
+            self.by_panels(&x)
+        } else {
+            self.by_kernel(&x)
+        }
+    }
+
+    /// `x · Wᵀ` by the kernel itself. x is contiguous bf16 [m, cols] (checked by `forward`).
+    fn by_kernel(&self, x: &Tensor) -> Result<Tensor> {
+        let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
+        let (rows, cols, m) = (blocks * 16, octets * 8, x.size()[0]);
         let y = Tensor::f_empty([m, rows], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
             // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, rows], words and scales contiguous in the layout
@@ -184,6 +212,37 @@ impl Dot4Linear {
 
     pub fn kernel(&self) -> Kernel {
         self.kernel
+    }
+
+    /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to bf16 weights (panels.cpp: `(q - 8) ·
+    /// scale` rounded once to bf16, step 03's weights), then torch's bf16 matmul, which oneDNN runs on AMX. x is
+    /// contiguous bf16 [m, cols] (checked by `forward`).
+    fn by_panels(&self, x: &Tensor) -> Result<Tensor> {
+        let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
+        let (rows, cols, groups) = (blocks * 16, octets * 8, self.scales.size()[1]);
+        let y = Tensor::f_empty([x.size()[0], rows], (Kind::BFloat16, Device::Cpu))?;
+        let mut start = 0;
+        while start < rows {
+            let n = PANEL_ROWS.min(rows - start);
+            let wt = Tensor::f_empty([cols, n], (Kind::BFloat16, Device::Cpu))?;
+            // SAFETY: words and scales are contiguous in dot4's layout (made in `new`), block start / 16 onwards
+            // holds n / 16 blocks (start and n are multiples of 16, start + n <= rows); wt is a fresh contiguous
+            // bf16 [cols, n]; `forward` checked that panels run here.
+            unsafe {
+                torchtpu_unpack_panel(
+                    (self.words.data_ptr() as *const i32).add((start / 16 * octets * 16) as usize),
+                    (self.scales.data_ptr() as *const u16).add((start / 16 * groups * 16) as usize),
+                    self.scales.kind() == Kind::Half,
+                    wt.data_ptr() as *mut u16,
+                    n / 16,
+                    cols,
+                    self.group,
+                );
+            }
+            y.f_narrow(1, start, n)?.f_copy_(&x.f_mm(&wt)?)?;
+            start += n;
+        }
+        Ok(y)
     }
 
     /// `[a; b]`: a's rows, then b's, as one linear — two products of one input in one call. Each block of 16 rows
@@ -374,6 +433,47 @@ mod tests {
             }
             let narrow = Dot4Linear::new("c", &random_matrix(16, 64, 3), kernel).unwrap();
             assert!(Dot4Linear::stacked(&a, &narrow).is_err(), "{kernel:?}: 192 and 64 columns");
+        }
+    }
+
+    #[test]
+    fn panels_give_the_product_of_step_03s_weights() {
+        if !cpu::panels_run() {
+            eprintln!("skipped: panels do not run here (no AMX, or ATen kept to AVX2)");
+            return;
+        }
+        // a panel and a remainder of 48 rows; E2B's down_proj with a chunk of 100 rows; f16 scales (the emb4 twin's)
+        let cases = [
+            (PANEL_ROWS + 48, 192, Kind::BFloat16, PANEL_MIN_ROWS),
+            (1536, 6144, Kind::BFloat16, 100),
+            (256, 1536, Kind::Half, PANEL_MIN_ROWS + 3),
+        ];
+        for (rows, cols, scale_kind, m) in cases {
+            let w = random_matrix_scaled_in(rows, cols, 4, scale_kind);
+            let linear = Dot4Linear::new("w", &w, Kernel::Dot4).unwrap();
+            // the weights as the panels hold them: (q - 8) · scale, exact in float64, rounded once to bf16 — with
+            // bf16 scales, step 03's (`dequantize`)
+            let q = w.nibbles(0, rows).unwrap().to_kind(Kind::Double) - 8.0;
+            let scale = w.scale().to_kind(Kind::Double).repeat_interleave_self_int(cols / w.groups(), 1, None);
+            let weights = (q * scale).to_kind(Kind::BFloat16);
+            if scale_kind == Kind::BFloat16 {
+                assert!(weights.equal(&w.dequantize().unwrap()), "[{rows} × {cols}]");
+            }
+            let what = format!("[{rows} × {cols}], {scale_kind:?} scales, m={m}");
+            // identity activations give each weight as it is, bit for bit
+            let eye = linear.forward(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu))).unwrap();
+            assert!(eye.tr().equal(&weights), "{what}: the weights");
+            // and a product is the exact one of those weights, rounded once, give or take float32's sums
+            let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+            let y = linear.forward(&x).unwrap().to_kind(Kind::Double);
+            let (x, weights) = (x.to_kind(Kind::Double), weights.to_kind(Kind::Double));
+            let exact = x.matmul(&weights.tr());
+            let step = exact.abs().clamp_min(1e-300).log2().floor().exp2() / 128.0;
+            let reach = x.abs().matmul(&weights.abs().tr()) / 262144.0 + &step; // 2^-18 of Σ|x · w|
+            let err = (&y - &exact).abs();
+            assert!(err.le_tensor(&reach).all().int64_value(&[]) == 1, "{what}: an output out of reach");
+            let missed = err.gt_tensor(&(step * (0.5 + 1e-6))).sum(Kind::Int64).int64_value(&[]);
+            assert!(missed * 100 <= err.numel() as i64, "{what}: {missed} of {} not exactly rounded", err.numel());
         }
     }
 

@@ -221,7 +221,7 @@ fn choose_decode_attention(arg: &str, model: &Gemma, like: &Tensor) -> PyResult<
 /// What `weights=` means on like's device: (how to hold the linears, whether a matrix the kernel refuses may stay
 /// dense instead, why). Whether int4 runs at all is ATen's kernel's probe: `matmul` only names the kernel taken.
 fn choose_weights(weights: &str, matmul: Int4Matmul, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
-    let (aten, kernel) = (int4::KERNEL, matmul.kernel());
+    let (aten, kernel) = (int4::KERNEL, matmul.described());
     match weights {
         "bf16" => Ok((Weights::Bf16, false, "weights=\"bf16\": dequantized at load, as in step 03".into())),
         "int4" => match int4::probe(like) {
@@ -274,6 +274,16 @@ fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
 #[pyfunction]
 fn dot4_runs() -> bool {
     Kernel::Dot4.runs()
+}
+
+/// panels_run() -> bool
+///
+/// Whether dot4's prompt chunks (64 activation rows or more) go by panels in this process: unpacked to bf16 a
+/// panel of rows at a time and multiplied by torch's bf16 matmul, which oneDNN runs on AMX. The CPU has AMX and
+/// AVX512-BF16, and ATen may use AVX-512.
+#[pyfunction]
+fn panels_run() -> bool {
+    cpu::panels_run()
 }
 
 /// fma4_runs() -> bool
@@ -1074,8 +1084,8 @@ fn filtered_probs<'py>(
     give(py, &sampling.probabilities(&logits)?)
 }
 
-/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `fma4_runs`, `repack`, `Int4Linear`,
-/// and the versions it was built with.
+/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `fma4_runs`, `panels_run`,
+/// `repack`, `Int4Linear`, and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1090,6 +1100,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInt4Linear>()?;
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(panels_run, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
     m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
     m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;

@@ -5,7 +5,8 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
-use crate::dot4::{Dot4Linear, Kernel};
+use crate::cpu;
+use crate::dot4::{Dot4Linear, Kernel, PANEL_MIN_ROWS};
 use crate::error::Result;
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
@@ -54,6 +55,18 @@ impl Int4Matmul {
             Int4Matmul::Aten => int4::KERNEL,
             Int4Matmul::Dot4 => Kernel::Dot4.symbol(),
             Int4Matmul::Fma4 => Kernel::Fma4.symbol(),
+        }
+    }
+
+    /// The kernel as `weights_reason` names it: its op and, for dot4 where AMX runs, how a prompt chunk goes.
+    pub fn described(self) -> String {
+        match self {
+            Int4Matmul::Dot4 if cpu::panels_run() => format!(
+                "{}; prompt chunks of {PANEL_MIN_ROWS} rows or more by panels (torchtpu_unpack_panel, then torch's \
+                 bf16 matmul on AMX)",
+                self.kernel()
+            ),
+            _ => self.kernel().to_string(),
         }
     }
 

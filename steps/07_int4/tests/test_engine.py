@@ -24,6 +24,9 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
     assert engine.weights == "int4" and engine.int4_matmul == auto_kernel
     name = {"dot4": "torchtpu_dot4_mm", "fma4": "torchtpu_fma4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[
         auto_kernel]
+    if auto_kernel == "dot4" and torchtpu_int4.panels_run():
+        name += ("; prompt chunks of 64 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
+                 "AMX)")
     assert engine.weights_reason == f"auto: int4 runs on this device, multiplied by {name}"
     assert "weights=int4" in repr(engine)
     assert torchtpu_int4.int4_kernel(cpu()) == (True, "aten::_weight_int4pack_mm_for_cpu runs on this device")

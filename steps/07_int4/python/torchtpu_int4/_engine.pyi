@@ -160,6 +160,9 @@ def dot4_runs() -> bool:
     """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
 def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
+def panels_run() -> bool:
+    """Whether dot4's prompt chunks (64 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
+    bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, and ATen may use AVX-512)."""
 
 class Int4Linear:
     """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4",

@@ -1,0 +1,62 @@
+// A prompt chunk's int4 product on a CPU with AMX: dot4's words turned back into bf16 weights a panel of rows at a
+// time, each panel multiplied by torch's bf16 matmul, which oneDNN runs on AMX's tiles. dot4.rs says when.
+//
+// Why: a chunk multiplies every weight by hundreds of activation rows, so it waits on arithmetic, not memory.
+// dot4's `vdpbf16ps` does 32 multiply-adds an instruction; AMX's tile product does 16 × 16 × 32 (the bench's
+// "bf16 matmul rate" line measures torch's on each machine). Unpacking costs a few instructions per weight once
+// per chunk, where dot4 spends them once per four activation rows.
+//
+// What it computes: each weight (q − 8) · scale, exact in float32 (a 4-bit integer times a bf16 or f16 scale),
+// rounded once to bf16 (to nearest even) — with bf16 scales, the bits compressed-tensors' decompression and
+// step 03's bf16 path give — then torch's bf16 product: bf16 × bf16 exact, float32 sums, rounded once.
+#include "bf16.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace {
+
+// One block of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout) into wt [K, ld], k-major:
+// the block's 16 weights of column k are 16 neighbours wt[k, 0..16], one store.
+template <bool F16>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t* w, const uint16_t* s, int64_t K,
+                                                                    int64_t group, uint16_t* wt, int64_t ld) {
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int64_t g = 0; g < K / group; ++g) {
+    const __m512 scale = widened16<F16>(s + g * 16);
+    for (int64_t o = g * group / 8; o < (g + 1) * group / 8; ++o) {
+      const __m512i word = _mm512_loadu_si512(w + o * 16);
+      // nibble j of the row's octet at bit 4 (j / 2) + 16 (j % 2) (dot4.cpp's layout)
+      for (int j = 0; j < 8; ++j) {
+        const __m512i q = _mm512_and_si512(_mm512_srli_epi32(word, 4 * (j / 2) + 16 * (j % 2)), nibble);
+        const __m512 weight = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), eight), scale);  // exact
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + (8 * o + j) * ld), (__m256i)_mm512_cvtneps_pbh(weight));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// What the panels need of the CPU: AMX's bf16 tiles (their product is oneDNN's) and the AVX-512 the unpacking uses.
+extern "C" bool torchtpu_panels_supported() {
+  return __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile") &&
+         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
+// The bf16 weights of `blocks` blocks of 16 rows, starting at dot4's words w and scales s (f16 where f16_scales, else
+// bf16), into wt [K, 16 · blocks], k-major, the blocks split between torch's threads. Shapes as torchtpu_dot4_mm
+// takes them (dot4.rs checks them).
+extern "C" void torchtpu_unpack_panel(const int32_t* w, const uint16_t* s, bool f16_scales, uint16_t* wt, int64_t blocks,
+                                      int64_t K, int64_t group) {
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* wb = w + b * (K / 8) * 16;
+      const uint16_t* sb = s + b * (K / group) * 16;
+      (f16_scales ? unpack<true> : unpack<false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
+    }
+  });
+}
