@@ -70,3 +70,25 @@ pub fn fast_bf16_matmul(py: Python<'_>) -> PyResult<bool> {
     let mkldnn = py.import("torch")?.getattr("ops")?.getattr("mkldnn")?;
     mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a run of these tests expects of the CPU, where its caller says (tools/emulated-avx2.sh, on QEMU's
+    /// AVX2-only CPUs: `TORCHTPU_EXPECT_ISA=avx2`): so an emulated run that skipped fma4's tests cannot pass.
+    #[test]
+    fn the_cpu_is_what_the_caller_expects() {
+        match std::env::var("TORCHTPU_EXPECT_ISA").as_deref() {
+            Ok("avx2") => {
+                assert_eq!(aten_isa(), Isa::Avx2);
+                assert!(fma4_runs() && attend_runs(), "fma4 and attend must run on an AVX2 CPU with FMA and F16C");
+                assert!(!dot4_runs() && !panels_run(), "no AVX-512 kernel may run here");
+                // SAFETY: reads the CPU's feature flags, nothing else.
+                assert!(!unsafe { torchtpu_dot4_supported() }, "the CPU reports AVX512-BF16: not an AVX2-only CPU");
+            }
+            Ok(other) => panic!("TORCHTPU_EXPECT_ISA={other:?}: only \"avx2\" is known"),
+            Err(_) => eprintln!("no expectation set (TORCHTPU_EXPECT_ISA)"),
+        }
+    }
+}

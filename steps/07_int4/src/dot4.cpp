@@ -31,8 +31,10 @@
 namespace {
 
 // How far ahead of the loads to ask for weights: one 4 KB page, past the page end where the hardware prefetcher
-// stops. (Chosen by a probe while writing this, not a recorded run: on an AMX Xeon a streamed [6144 x 1536]
-// mat-vec went from about 16 GB/s without it to 28 with it; 1 and 16 KB ahead were slower. Step 05's bench
+// stops, into L2 (`_MM_HINT_T1`), whose own prefetcher brings it on to L1. (Chosen by probes, not a recorded run: on
+// an AMX Xeon a streamed [6144 x 1536] mat-vec went from about 16 GB/s without it to 28 with it, 1 and 16 KB ahead
+// slower; on another AMX Xeon (2026-12-05, 0.85 GB of distinct copies, best of 7 x 200 calls, twice) from 12.8 GB/s
+// without it to 15.0-17.2 into L1 and 20.8-21.2 into L2, 8 and 16 KB ahead into L2 the same. Step 05's bench
 // records the kernel's rate as it is.)
 constexpr int AHEAD = 4096;
 
@@ -56,7 +58,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
     // --8<-- [start:inner]
     for (int64_t o = 0; o < octets; ++o) {
       const int32_t* at = w + (g * octets + o) * 16;
-      _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T1);
       const __m512i word = _mm512_loadu_si512(at);
       const int64_t k = (g * octets + o) * 8;
       for (int i = 0; i < 4; ++i) {

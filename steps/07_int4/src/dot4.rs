@@ -214,6 +214,7 @@ impl Dot4Linear {
         self.kernel
     }
 
+    // --8<-- [start:panels]
     /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to bf16 weights (panels.cpp: `(q - 8) ·
     /// scale` rounded once to bf16, step 03's weights), then torch's bf16 matmul, which oneDNN runs on AMX. x is
     /// contiguous bf16 [m, cols] (checked by `forward`).
@@ -244,6 +245,7 @@ impl Dot4Linear {
         }
         Ok(y)
     }
+    // --8<-- [end:panels]
 
     /// `[a; b]`: a's rows, then b's, as one linear — two products of one input in one call. Each block of 16 rows
     /// is multiplied alone, so every output has the bits it has apart (tested).

@@ -18,6 +18,7 @@
 
 namespace {
 
+// --8<-- [start:unpack]
 // One block of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout) into wt [K, ld], k-major:
 // the block's 16 weights of column k are 16 neighbours wt[k, 0..16], one store.
 template <bool F16>
@@ -38,6 +39,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t
     }
   }
 }
+// --8<-- [end:unpack]
 
 }  // namespace
 
