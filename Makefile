@@ -68,6 +68,8 @@ test: setup
 	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
 	$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
 	$(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
+	@echo "== step 07's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
+	tools/emulated-avx2.sh
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
 	python -m pytest tests/site
