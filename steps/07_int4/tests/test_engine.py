@@ -289,3 +289,19 @@ def test_bad_decode_attention_is_named(tiny):
         torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, decode_attention="fast")
     with pytest.raises(NotImplementedError, match="torchtpu_attend_one takes bfloat16"):
         torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", decode_attention="own")
+
+
+@pytest.mark.skipif(not torchtpu_int4.panels_run(), reason="panels do not run here (no AMX, or ATen kept to AVX2)")
+def test_a_prompt_chunk_of_64_rows_or_more_goes_by_panels_as_the_bf16_path_reads_it(tiny, tmp_path, kl):
+    """The tiny model reads prompts in chunks of its window, 16 tokens: never enough rows for the panels. A copy
+    with a window of 128 reads PROMPTS[1] (201 ids) in chunks of 128 and 73 rows, every linear of them by panels,
+    whose weights are the bf16 path's, multiplied by the same bf16 matmul (oneDNN's, on AMX): every position's
+    logits are the bf16 path's, bit for bit (measured on an Intel Xeon with AMX: equal; ATen's int4 kernel on the
+    same read differs from them by a KL of up to 2e-2). Decode steps after it still go through dot4."""
+    folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
+    int4 = torchtpu_int4.Engine(folder, None, cpu(), CTX)
+    bf16 = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16")
+    assert int4.int4_matmul == "dot4" and "by panels" in int4.weights_reason
+    a, b = int4.logits(PROMPTS[1]), bf16.logits(PROMPTS[1])
+    assert torch.equal(a, b), max(kl(b[i], a[i]) for i in range(len(PROMPTS[1])))
+    assert same_prefix(int4.generate(PROMPTS[1], 8)[0], bf16.generate(PROMPTS[1], 8)[0]) >= 1
