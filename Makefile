@@ -22,9 +22,12 @@ export LIBTORCH_USE_PYTORCH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
-# The AVX2 stand-in: with these, torch's dispatch and oneDNN use no more of the CPU than an AVX2-only CPU has (no
-# bf16 matmul hardware), and so does step 07's kernel choice. `make test` runs AVX2_TESTS under it a second time.
-AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+# The AVX2 stand-in: with these, torch's dispatch, oneDNN and MKL use no more of the CPU than an AVX2-only CPU has (no
+# bf16 matmul hardware), and so does step 07's kernel choice. MKL reads neither of the first two: without its own
+# variable its float32 products (attention in float32, the default there) keep their AVX-512 code, and their bits
+# differ from an AVX2 Intel CPU's (QEMU's Haswell gives the bits MKL_ENABLE_INSTRUCTIONS=AVX2 gives). `make test`
+# runs AVX2_TESTS under it a second time.
+AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
 	steps/03_model/tests/test_records.py steps/04_parity/tests/test_parity.py steps/07_int4/tests
 

@@ -2,8 +2,8 @@
 # `make test`'s check on CPUs without AVX-512: step 07's Rust tests run on two AVX2-only CPUs that QEMU emulates
 # (user mode, TCG), an Intel Haswell and an AMD EPYC Rome. QEMU's TCG has no AVX-512 at all, so the CPU reports
 # none (torch, oneDNN and MKL pick their AVX2 code by themselves, as on a real one) and an AVX-512 instruction
-# that strayed into an AVX2 path would stop the run with SIGILL: what the AVX2 limit (ATEN_CPU_CAPABILITY=avx2
-# ONEDNN_MAX_CPU_ISA=AVX2) cannot show on a CPU that has AVX-512. Emulation is slow; its timings mean nothing.
+# that strayed into an AVX2 path would stop the run with SIGILL: what the AVX2 limit (the Makefile's AVX2_LIMIT)
+# cannot show on a CPU that has AVX-512. Emulation is slow; its timings mean nothing.
 # Needs QEMU's user mode (Debian: qemu-user); CI installs it, elsewhere the check says how and skips.
 set -euo pipefail
 

@@ -2,8 +2,9 @@
 one KV head of 512, over a long cache), in bfloat16 and in float32, on this CPU — and on this CPU limited to AVX2.
 
 usage: python attention.py [--slots 4096,33024] [--repeat 20] [--json PATH]
-The AVX2 rows run in a child process with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, which torch and
-oneDNN honour: the same chip without its AVX-512 (and so without oneDNN's bf16 path), standing in for the
+The AVX2 rows run in a child process with ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 and
+MKL_ENABLE_INSTRUCTIONS=AVX2, which torch, oneDNN and MKL honour: the same chip without its AVX-512 (and so without
+oneDNN's bf16 path), standing in for the
 AVX2-only CPUs many readers have. A real AVX2 chip differs in clock and caches; compare rows within one run.
 """
 import argparse
@@ -19,7 +20,7 @@ from torchtpu_rs import records
 from torchtpu_ways.baseline import attend, attention_dtype_default
 
 HEADS, HEAD_DIM = 8, 512  # E2B's full-attention layers: 8 query heads over one KV head of 512
-AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def decode_ms(slots: int, dtype: torch.dtype, repeat: int) -> float:

@@ -16,11 +16,16 @@ def test_a_plain_run_names_the_cpu_and_no_limits(monkeypatch):
 def test_a_run_limited_to_avx2_says_so_as_a_command_prefix(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)  # make test's AVX2 tier sets it: set it below
     meta = records.meta("cpu")
     assert meta["cpu_limits"] == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert "(limited: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)" in records.header(meta)
     assert records.env_prefix(meta["cpu_limits"]) == "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
     assert records.env_prefix({}) == ""
+    # MKL's own switch (it reads neither of the others) is a limit too, named in the same order
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert records.env_prefix(records.meta("cpu")["cpu_limits"]) == (
+        "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ")
 
 
 @pytest.mark.parametrize("flags, hardware", [("fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AMX"),

@@ -54,7 +54,7 @@ def name(path) -> str | None:
 
 # Variables with which torch and oneDNN use less of the CPU than it has: a stand-in for an older CPU (step 05's
 # attention probe sets them for its AVX2 rows). A record made under them says so in its header and command.
-CPU_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+CPU_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def cpu_limits() -> dict[str, str]:
