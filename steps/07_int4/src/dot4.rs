@@ -247,8 +247,10 @@ impl Dot4Linear {
     }
     // --8<-- [end:panels]
 
-    /// `[a; b]`: a's rows, then b's, as one linear — two products of one input in one call. Each block of 16 rows
-    /// is multiplied alone, so every output has the bits it has apart (tested).
+    /// `[a; b]`: a's rows, then b's, as one linear — two products of one input in one call. The kernels multiply
+    /// each block of 16 rows alone, so every output has the bits it has apart (tested for 1 and 5 rows); by panels
+    /// (64 rows or more, with AMX) the stacked product's panels fall elsewhere, and only the engine test's
+    /// equality with the bf16 path checks their bits.
     pub fn stacked(a: &Dot4Linear, b: &Dot4Linear) -> Result<Dot4Linear> {
         let width = |w: &Dot4Linear| (w.words.size()[1], w.group, w.scales.kind(), w.kernel);
         if width(a) != width(b) {
