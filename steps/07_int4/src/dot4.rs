@@ -17,11 +17,15 @@
 //! mask leaves one nibble where it lies, `u · 16^p`, an integer the convert instruction makes float32 exactly, and
 //! the activation it multiplies was divided by 16^p beforehand — one AND, one convert and one FMA per 8 weights, the
 //! same exact products and float32 sums (fma4.cpp's header). The layout serves both, so one repack serves both.
+use std::sync::Arc;
+
+use memmap2::MmapMut;
 use tch::{Device, Kind, Tensor};
 
 use crate::cpu;
 use crate::error::{invalid, Error, Result};
 use crate::packed::{refuses, Packed, REPACK_ROWS};
+use crate::pages::Arena;
 
 type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64);
 
@@ -130,39 +134,60 @@ pub struct Dot4Linear {
     scales: Tensor,
     group: i64,
     kernel: Kernel,
+    /// The memory `words` and `scales` are views of, kept as long as they are.
+    _pages: Arc<MmapMut>,
 }
 
 impl Dot4Linear {
-    /// Re-lays the checkpoint's matrix `name` for the kernel, `REPACK_ROWS` rows at a time (a whole head's int32
-    /// nibbles would be 1.6 GB): the same nibbles, moved within each word and gathered into blocks of 16 rows.
-    pub fn new(name: &str, w: &Packed, kernel: Kernel) -> Result<Dot4Linear> {
-        let (rows, cols) = (w.out_rows(), w.cols());
-        let group = cols / w.groups();
-        if let Some(why) = refuses(rows, cols, group) {
-            return Err(Error::Unsupported(format!("{name}: {why}; load it with weights=\"bf16\"")));
+    /// Re-lays the checkpoint's matrices `parts` (one, or several stacked row after row: one product of one input
+    /// instead of several) for the kernel, in memory taken from `arena`, `REPACK_ROWS` rows at a time (a whole
+    /// head's int32 nibbles would be 1.6 GB): the same nibbles, moved within each word and gathered into blocks of
+    /// 16 rows. The kernels multiply each block alone, so a stacked part's outputs have the bits they have apart.
+    pub fn new(name: &str, parts: &[&Packed], kernel: Kernel, arena: &mut Arena) -> Result<Dot4Linear> {
+        let first = parts.first().ok_or_else(|| invalid!("{name}: no matrix to hold"))?;
+        let (cols, groups, kind) = (first.cols(), first.groups(), first.scale().kind());
+        let group = cols / groups;
+        for w in parts {
+            if (w.cols(), w.groups(), w.scale().kind()) != (cols, groups, kind) {
+                return Err(invalid!(
+                    "{name}: stacked matrices differ in (columns, groups, scales): {:?} and {:?}",
+                    (cols, groups, kind),
+                    (w.cols(), w.groups(), w.scale().kind())
+                ));
+            }
+            if let Some(why) = refuses(w.out_rows(), cols, group) {
+                return Err(Error::Unsupported(format!("{name}: {why}; load it with weights=\"bf16\"")));
+            }
         }
         if !kernel.runs() {
             return Err(Error::Unsupported(format!("{name}: {} needs {}", kernel.symbol(), kernel.needs())));
         }
-        let words = Tensor::f_empty([rows / 16, cols / 8, 16], (Kind::Int, Device::Cpu))?;
-        let mut start = 0;
-        while start < rows {
-            let n = REPACK_ROWS.min(rows - start);
-            let nibbles = w.nibbles(start, n)?.f_view([n, cols / 8, 8])?; // the stored q + 8, 0..15
-            let mut moved = nibbles.f_select(2, 0)?; // nibble 0 stays at bit 0
-            for j in 1..8 {
-                moved =
-                    moved.f_bitwise_or_tensor(&nibbles.f_select(2, j)?.f_bitwise_left_shift_tensor_scalar(bit(j))?)?;
+        if !matches!(kind, Kind::BFloat16 | Kind::Half) {
+            return Err(Error::Unsupported(format!("{name}: scales in {kind:?}, need bf16 or f16")));
+        }
+        let blocks = parts.iter().map(|w| w.out_rows() / 16).sum::<i64>();
+        let (pages, words, scales) = held_in(arena, blocks, cols / 8, groups, kind)?;
+        let mut at = 0; // in blocks of 16 rows
+        for w in parts {
+            let rows = w.out_rows();
+            let mut start = 0;
+            while start < rows {
+                let n = REPACK_ROWS.min(rows - start);
+                let nibbles = w.nibbles(start, n)?.f_view([n, cols / 8, 8])?; // the stored q + 8, 0..15
+                let mut moved = nibbles.f_select(2, 0)?; // nibble 0 stays at bit 0
+                for j in 1..8 {
+                    moved = moved
+                        .f_bitwise_or_tensor(&nibbles.f_select(2, j)?.f_bitwise_left_shift_tensor_scalar(bit(j))?)?;
+                }
+                let moved = moved.f_view([n / 16, 16, cols / 8])?.f_transpose(1, 2)?;
+                words.f_narrow(0, at + start / 16, n / 16)?.f_copy_(&moved)?;
+                start += n;
             }
-            let blocks = moved.f_view([n / 16, 16, cols / 8])?.f_transpose(1, 2)?;
-            words.f_narrow(0, start / 16, n / 16)?.f_copy_(&blocks)?;
-            start += n;
+            let by_block = w.scale().f_view([rows / 16, 16, groups])?.f_transpose(1, 2)?;
+            scales.f_narrow(0, at, rows / 16)?.f_copy_(&by_block)?;
+            at += rows / 16;
         }
-        if !matches!(w.scale().kind(), Kind::BFloat16 | Kind::Half) {
-            return Err(Error::Unsupported(format!("{name}: scales in {:?}, need bf16 or f16", w.scale().kind())));
-        }
-        let scales = w.scale().f_view([rows / 16, 16, cols / group])?.f_transpose(1, 2)?.f_contiguous()?;
-        Ok(Dot4Linear { words, scales, group, kernel })
+        Ok(Dot4Linear { words, scales, group, kernel, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -247,27 +272,6 @@ impl Dot4Linear {
     }
     // --8<-- [end:panels]
 
-    /// `[a; b]`: a's rows, then b's, as one linear — two products of one input in one call. The kernels multiply
-    /// each block of 16 rows alone, so every output has the bits it has apart (tested for 1 and 5 rows); by panels
-    /// (64 rows or more, with AMX) the stacked product's panels fall elsewhere, and only the engine test's
-    /// equality with the bf16 path checks their bits.
-    pub fn stacked(a: &Dot4Linear, b: &Dot4Linear) -> Result<Dot4Linear> {
-        let width = |w: &Dot4Linear| (w.words.size()[1], w.group, w.scales.kind(), w.kernel);
-        if width(a) != width(b) {
-            return Err(invalid!(
-                "stacked: {:?} and {:?} differ in (octets, group, scales, kernel)",
-                width(a),
-                width(b)
-            ));
-        }
-        Ok(Dot4Linear {
-            words: Tensor::f_cat(&[&a.words, &b.words], 0)?,
-            scales: Tensor::f_cat(&[&a.scales, &b.scales], 0)?,
-            group: a.group,
-            kernel: a.kernel,
-        })
-    }
-
     /// Bytes one product reads: the words and the scales.
     pub fn bytes(&self) -> i64 {
         let bytes = |t: &Tensor| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
@@ -276,10 +280,31 @@ impl Dot4Linear {
 }
 // --8<-- [end:dot4]
 
+/// Words int32 `[blocks, octets, 16]` and then scales (`kind`) `[blocks, groups, 16]`, zeros, in one piece of the
+/// arena (pages.rs says why): a product reads them as one stretch of memory; and the map they are views of.
+fn held_in(
+    arena: &mut Arena,
+    blocks: i64,
+    octets: i64,
+    groups: i64,
+    kind: Kind,
+) -> Result<(Arc<MmapMut>, Tensor, Tensor)> {
+    let (words_bytes, scales_bytes) = (blocks * octets * 16 * 4, blocks * groups * 16 * 2);
+    let (pages, piece) = arena.take(words_bytes + scales_bytes)?;
+    let words = piece.f_narrow(0, 0, words_bytes)?.f_view_dtype(Kind::Int)?.f_view([blocks, octets, 16])?;
+    let scales = piece.f_narrow(0, words_bytes, scales_bytes)?.f_view_dtype(kind)?.f_view([blocks, groups, 16])?;
+    Ok((pages, words, scales))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::packed::tests::{random_matrix, random_matrix_scaled_in};
+
+    /// One matrix held for `kernel`, in an arena of its own.
+    fn alone(name: &str, w: &Packed, kernel: Kernel) -> Result<Dot4Linear> {
+        Dot4Linear::new(name, &[w], kernel, &mut Arena::new())
+    }
 
     /// This step's kernels that run here (under the AVX2 limit: fma4 alone; on an AVX2-only CPU: fma4).
     fn kernels_here() -> Vec<Kernel> {
@@ -362,7 +387,7 @@ mod tests {
         for kernel in kernels_here() {
             for (rows, cols, scale_kind, ms) in cases.clone() {
                 let w = random_matrix_scaled_in(rows, cols, 2, scale_kind);
-                let linear = Dot4Linear::new("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, kernel).unwrap();
                 assert_eq!(linear.bytes(), rows * cols / 2 + rows * (cols / 32) * 2);
                 for m in ms {
                     let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
@@ -371,7 +396,7 @@ mod tests {
             }
             // identity activations: one product each, (q - 8) · scale rounded once to bf16, the dequantized weight
             let w = random_matrix(REPACK_ROWS + 48, 192, 3);
-            let linear = Dot4Linear::new("w", &w, kernel).unwrap();
+            let linear = alone("w", &w, kernel).unwrap();
             let y = linear.forward(&Tensor::eye(192, (Kind::BFloat16, Device::Cpu))).unwrap();
             assert!(y.tr().equal(&w.dequantize().unwrap()), "{kernel:?}");
             // and no rows at all
@@ -389,7 +414,7 @@ mod tests {
                 let nibbles = Tensor::full([rows, 96], value, (Kind::Int, Device::Cpu));
                 let scale = (Tensor::rand([rows, 3], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
                 let w = packed_of(&nibbles, scale);
-                let linear = Dot4Linear::new("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, kernel).unwrap();
                 for m in [1, 3, 9] {
                     let x = Tensor::randn([m, 96], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let _ = check_within(&linear, &w, &x, &format!("nibbles all {value}, [{rows} × 96], m={m}"));
@@ -403,7 +428,7 @@ mod tests {
                 let picks = Tensor::randint(4, [32 * (cols / group)], (Kind::Int64, Device::Cpu));
                 let scale = extremes.index_select(0, &picks).view([32, cols / group]).to_kind(Kind::Half);
                 let w = packed_of(&nibbles, scale);
-                let linear = Dot4Linear::new("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, kernel).unwrap();
                 let x = Tensor::randn([2, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let _ =
                     check_within(&linear, &w, &x, &format!("f16 scales at the extremes, [32 × {cols}], group {group}"));
@@ -412,7 +437,7 @@ mod tests {
             // of zeros, and a row of one large value; every output within reach (these have too few outputs for a
             // share of exactly rounded ones to mean anything: the random products above check that)
             let w = random_matrix(32, 64, 5);
-            let linear = Dot4Linear::new("w", &w, kernel).unwrap();
+            let linear = alone("w", &w, kernel).unwrap();
             let x = Tensor::randn([3, 64], (Kind::Float, Device::Cpu)) * 1e4;
             let _ = x.get(0).get(7).fill_(1e-30);
             let _ = x.get(1).fill_(0.0);
@@ -427,16 +452,24 @@ mod tests {
     fn stacked_rows_give_the_bits_they_give_apart() {
         for kernel in kernels_here() {
             let (a, b) = (random_matrix(96, 192, 1), random_matrix(48, 192, 2));
-            let (a, b) = (Dot4Linear::new("a", &a, kernel).unwrap(), Dot4Linear::new("b", &b, kernel).unwrap());
-            let both = Dot4Linear::stacked(&a, &b).unwrap();
+            let mut arena = Arena::new();
+            let both = Dot4Linear::new("a and b", &[&a, &b], kernel, &mut arena).unwrap();
+            let (a, b) = (alone("a", &a, kernel).unwrap(), alone("b", &b, kernel).unwrap());
             assert_eq!(both.bytes(), a.bytes() + b.bytes());
             for m in [1, 5] {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap()], 1);
                 assert!(both.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
             }
-            let narrow = Dot4Linear::new("c", &random_matrix(16, 64, 3), kernel).unwrap();
-            assert!(Dot4Linear::stacked(&a, &narrow).is_err(), "{kernel:?}: 192 and 64 columns");
+            // matrices that cannot be one are named: other widths, or none at all
+            let narrow = random_matrix(16, 64, 3);
+            let Err(Error::Invalid(msg)) =
+                Dot4Linear::new("a and c", &[&random_matrix(16, 192, 4), &narrow], kernel, &mut arena)
+            else {
+                panic!("{kernel:?}: 192 and 64 columns must be refused");
+            };
+            assert!(msg.starts_with("a and c: stacked matrices differ"), "{msg}");
+            assert!(Dot4Linear::new("nothing", &[], kernel, &mut arena).is_err());
         }
     }
 
@@ -454,7 +487,7 @@ mod tests {
         ];
         for (rows, cols, scale_kind, m) in cases {
             let w = random_matrix_scaled_in(rows, cols, 4, scale_kind);
-            let linear = Dot4Linear::new("w", &w, Kernel::Dot4).unwrap();
+            let linear = alone("w", &w, Kernel::Dot4).unwrap();
             // the weights as the panels hold them: (q - 8) · scale, exact in float64, rounded once to bf16 — with
             // bf16 scales, step 03's (`dequantize`)
             let q = w.nibbles(0, rows).unwrap().to_kind(Kind::Double) - 8.0;
@@ -491,8 +524,8 @@ mod tests {
         // a bf16 step apart, never more than the exactness bound allows either of them
         let w = random_matrix(2048, 1536, 11);
         let x = Tensor::randn([3, 1536], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-        let dot4 = Dot4Linear::new("w", &w, Kernel::Dot4).unwrap().forward(&x).unwrap();
-        let fma4 = Dot4Linear::new("w", &w, Kernel::Fma4).unwrap().forward(&x).unwrap();
+        let dot4 = alone("w", &w, Kernel::Dot4).unwrap().forward(&x).unwrap();
+        let fma4 = alone("w", &w, Kernel::Fma4).unwrap().forward(&x).unwrap();
         let same = dot4.eq_tensor(&fma4).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!(same > 0.95, "only {same} of the outputs are the same bits");
     }
@@ -500,17 +533,17 @@ mod tests {
     #[test]
     fn what_the_kernel_cannot_take_is_named() {
         for kernel in [Kernel::Dot4, Kernel::Fma4] {
-            let error = Dot4Linear::new("model.layers.0.mlp.up_proj", &random_matrix(40, 64, 0), kernel);
+            let error = alone("model.layers.0.mlp.up_proj", &random_matrix(40, 64, 0), kernel);
             let Err(Error::Unsupported(msg)) = error else { panic!("a 40-row matrix must be refused") };
             assert!(msg.starts_with("model.layers.0.mlp.up_proj: 40 rows"), "{msg}");
             if !kernel.runs() {
-                let Err(Error::Unsupported(msg)) = Dot4Linear::new("w", &random_matrix(32, 64, 0), kernel) else {
+                let Err(Error::Unsupported(msg)) = alone("w", &random_matrix(32, 64, 0), kernel) else {
                     panic!("{kernel:?} must refuse a CPU it does not run on");
                 };
                 assert!(msg.contains(kernel.needs()), "{msg}");
                 continue;
             }
-            let linear = Dot4Linear::new("w", &random_matrix(32, 64, 0), kernel).unwrap();
+            let linear = alone("w", &random_matrix(32, 64, 0), kernel).unwrap();
             for x in [
                 Tensor::ones([1, 64], (Kind::Float, Device::Cpu)),
                 Tensor::ones([1, 1, 64], (Kind::BFloat16, Device::Cpu)),

@@ -344,7 +344,7 @@ struct Mlp {
 enum GateUp {
     /// Dense, or on ATen's int4 kernel: apart, as step 03 holds them.
     Apart { gate: Linear, up: Linear },
-    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Linear::stacked`: the same bits
+    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Held::stacked`: the same bits
     /// row for row), its first `ff` outputs gate's.
     Stacked { both: Linear, ff: i64 },
 }
@@ -352,11 +352,11 @@ enum GateUp {
 impl Mlp {
     fn load(ckpt: &Checkpoint, cfg: &TextConfig, i: i64, held: &Held, like: &Tensor) -> Result<Mlp> {
         let (size, ff) = (cfg.hidden_size, cfg.intermediate(i));
-        let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&format!("layers.{i}.mlp.{s}"), out, inp, held, like);
-        let (gate, up) = (lin("gate_proj", ff, size)?, lin("up_proj", ff, size)?);
-        let gate_up = match Linear::stacked(&gate, &up)? {
+        let name = |s: &str| format!("layers.{i}.mlp.{s}");
+        let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&name(s), out, inp, held, like);
+        let gate_up = match ckpt.held_stacked(&[&name("gate_proj"), &name("up_proj")], ff, size, held)? {
             Some(both) => GateUp::Stacked { both, ff },
-            None => GateUp::Apart { gate, up },
+            None => GateUp::Apart { gate: lin("gate_proj", ff, size)?, up: lin("up_proj", ff, size)? },
         };
         Ok(Mlp { gate_up, down_proj: lin("down_proj", size, ff)? })
     }

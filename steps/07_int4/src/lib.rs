@@ -17,6 +17,7 @@ mod linear;
 mod norm;
 mod onednn;
 mod packed;
+mod pages;
 mod sampling;
 mod tanh;
 mod weights;

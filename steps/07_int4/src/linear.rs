@@ -10,6 +10,7 @@ use crate::dot4::{Dot4Linear, Kernel, PANEL_MIN_ROWS};
 use crate::error::Result;
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
+use crate::pages::Arena;
 
 /// How the engine holds its linears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,16 +100,6 @@ impl Linear {
         }
     }
 
-    /// `[a; b]` as one linear where both are on one of this step's kernels — two products of one input in one call,
-    /// every output the bits it has apart (dot4.rs) — else None: a dense product, or ATen's int4 kernel, of stacked
-    /// rows may sum in another order, and `weights="bf16"` stays step 03's engine bit for bit.
-    pub fn stacked(a: &Linear, b: &Linear) -> Result<Option<Linear>> {
-        Ok(match (a, b) {
-            (Linear::Dot4(a), Linear::Dot4(b)) => Some(Linear::Dot4(Dot4Linear::stacked(a, b)?)),
-            _ => None,
-        })
-    }
-
     pub fn bytes(&self) -> i64 {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
@@ -128,18 +119,40 @@ pub struct Held {
     /// `weights="auto"`: a matrix the kernel cannot take stays dense (and is listed) instead of failing the load.
     pub fallback: bool,
     pub kept_dense: RefCell<Vec<String>>,
+    /// Where this step's kernels' matrices go, one after another in load order (pages.rs).
+    arena: RefCell<Arena>,
 }
 
 impl Held {
     pub fn new(weights: Weights, matmul: Int4Matmul, dtype: Kind, fallback: bool) -> Held {
-        Held { weights, matmul, dtype, fallback, kept_dense: RefCell::new(Vec::new()) }
+        Held {
+            weights,
+            matmul,
+            dtype,
+            fallback,
+            kept_dense: RefCell::new(Vec::new()),
+            arena: RefCell::new(Arena::new()),
+        }
     }
 
     /// The packed matrix `name` kept 4-bit for the chosen kernel, on like's device.
     pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
         Ok(match self.matmul.own() {
             None => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
-            Some(kernel) => Linear::Dot4(Dot4Linear::new(name, w, kernel)?),
+            Some(kernel) => Linear::Dot4(Dot4Linear::new(name, &[w], kernel, &mut self.arena.borrow_mut())?),
+        })
+    }
+
+    /// The packed matrices `parts`, row after row, as one linear where they are kept on one of this step's kernels
+    /// — several products of one input in one call, every output the bits it has apart (dot4.rs) — else None: a
+    /// dense product, or ATen's int4 kernel, of stacked rows may sum in another order, and `weights="bf16"` stays
+    /// step 03's engine bit for bit.
+    pub fn stacked(&self, name: &str, parts: &[&Packed]) -> Result<Option<Linear>> {
+        Ok(match (self.weights, self.matmul.own()) {
+            (Weights::Int4, Some(kernel)) => {
+                Some(Linear::Dot4(Dot4Linear::new(name, parts, kernel, &mut self.arena.borrow_mut())?))
+            }
+            _ => None,
         })
     }
 }

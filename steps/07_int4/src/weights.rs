@@ -223,6 +223,21 @@ impl Checkpoint {
         Ok(Linear::Dense(self.linear(module, out, inp, held.dtype, like)?))
     }
     // --8<-- [end:held]
+
+    /// The linears `modules`, each `[out, in]`, as one with their rows stacked (`Held::stacked`), where they are
+    /// packed and kept 4-bit on one of this step's kernels; else None, and the caller holds each as `held_linear`
+    /// does.
+    pub fn held_stacked(&self, modules: &[&str], out: i64, inp: i64, held: &Held) -> Result<Option<Linear>> {
+        let group = self.config.group_size.unwrap_or(0);
+        let packed = modules.iter().all(|m| self.has(&format!("{m}.weight_packed")));
+        if held.weights != Weights::Int4 || held.matmul.own().is_none() || !packed || refuses(out, inp, group).is_some()
+        {
+            return Ok(None);
+        }
+        let parts = modules.iter().map(|m| self.packed(m, out, inp)).collect::<Result<Vec<_>>>()?;
+        let names = modules.iter().map(|m| self.where_(m)).collect::<Vec<_>>().join(" and ");
+        held.stacked(&names, &parts.iter().collect::<Vec<_>>())
+    }
 }
 
 // --8<-- [start:mapped]
