@@ -92,11 +92,7 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> corr(M * groups);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < groups; ++g) {
-      float sum = 0;
-      for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += bf16_to_float(x[m * K + k]);
-      corr[m * groups + g] = 136.0f * sum;
-    }
+    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups);
   // each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next block, so a
   // prompt chunk reads each weight from memory once
   at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
