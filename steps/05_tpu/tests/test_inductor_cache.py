@@ -26,11 +26,12 @@ def test_limited_and_plain_runs_keep_their_compiled_graphs_apart(tiny, ctx, shor
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     # inductor's default cache, which every run on this machine shares: test_compile compiled these graphs (the same
-    # checkpoint, dtype, ctx and prompt) into the plain folder, so the plain child reads them after the limited
-    # child compiled its own, and the last child reads the limited one's. Shared folders fail either way round.
+    # checkpoint, dtype, ctx and prompt) into the plain folder earlier in the session, so the limited child compiles
+    # after a plain compile, and the plain child reads its graphs after the limited child compiled its own — both
+    # orders, in two children. Shared folders fail either way round.
     base = {k: v for k, v in os.environ.items() if k not in (*CPU_LIMITS, "TORCHINDUCTOR_CACHE_DIR")}
     runs = []
-    for limits in (AVX2, {}, AVX2):  # plain after limited, then limited after plain
+    for limits in (AVX2, {}):  # limited after plain (test_compile's), then plain after limited
         proc = subprocess.run([sys.executable, "-c", CHILD, str(tiny), str(ctx), short_prompt],
                               env={**base, **limits}, capture_output=True, text=True)
         assert proc.returncode == 0, f"limits {limits}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
@@ -38,7 +39,7 @@ def test_limited_and_plain_runs_keep_their_compiled_graphs_apart(tiny, ctx, shor
         assert out["compiled"] == out["eager"], f"limits {limits}: compiled {out['compiled']} != {out['eager']}"
         runs.append(out)
     # each in the folder of its own vector ISA: on an AVX-512 CPU two folders, on an AVX2-only one the same
-    assert [r["isa"] for r in runs[::2]] == ["AVX2", "AVX2"]
+    assert runs[0]["isa"] == "AVX2"
     assert all(r["cache"] == f"{default_cache_dir()}-{r['isa'].lower()}" for r in runs), runs
 
 
