@@ -32,15 +32,20 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 widened16(const uint16
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-// times · Σ x[k] over each group of `group` values of x (bf16), in float32, k in order — one sum after another
-// would wait on each add's latency (a 6,144-wide row: 4 µs), so eight groups' sums run side by side, each still in
-// its own order, so the sums keep their bits (dot4.cpp, fma4.cpp).
-inline void group_sums(const uint16_t* x, int64_t groups, int64_t group, float times, float* out) {
+// times · Σ value(k, x[k]) over each group of `group` values of x (bf16, widened to float32), in float32, k in order
+// — one sum after another waits on each add's latency, once per value of the row (perf put this prologue at 0.45 ms
+// of an E2B decode step on dot4), so eight groups' sums run side by side, each still in its own order: same bits. `value` may also keep what it is given
+// (fma4.cpp keeps its scaled activations); dot4.cpp sums x itself.
+template <class Value>
+inline void group_sums(const uint16_t* x, int64_t groups, int64_t group, float times, float* out, Value value) {
   for (int64_t g = 0; g < groups; g += 8) {
     const int64_t n = groups - g < 8 ? groups - g : 8;
     float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t k = 0; k < group; ++k)
-      for (int64_t j = 0; j < n; ++j) sum[j] += bf16_to_float(x[(g + j) * group + k]);
+    for (int64_t c = 0; c < group; ++c)
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t k = (g + j) * group + c;
+        sum[j] += value(k, bf16_to_float(x[k]));
+      }
     for (int64_t j = 0; j < n; ++j) out[g + j] = times * sum[j];
   }
 }

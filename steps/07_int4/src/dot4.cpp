@@ -92,7 +92,7 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> corr(M * groups);
   for (int64_t m = 0; m < M; ++m)
-    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups);
+    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups, [](int64_t, float v) { return v; });
   // each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next block, so a
   // prompt chunk reads each weight from memory once
   at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {

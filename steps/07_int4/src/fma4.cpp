@@ -140,24 +140,15 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     if (std::isfinite(largest) && largest > 0) std::frexp(largest, &e);  // largest in [2^(e-1), 2^e)
     const int shift = std::isfinite(largest) && largest > 0 ? 31 - e : 0;
     unscale[m] = std::ldexp(1.0f, -shift);
-    // x · 2^shift as std::ldexp rounds it: one multiply where 2^shift is a normal float32 (a libm call per value
-    // cost more than the product of a 6,144-wide row)
+    // x · 2^shift as std::ldexp rounds it: one multiply where 2^shift is a normal float32, not a libm call per value
     const bool normal = shift >= -126 && shift <= 127;
     const float power = normal ? std::ldexp(1.0f, shift) : 0.0f;
-    const uint16_t* xm = x + m * K;
-    // each group's sum in its own order, eight groups side by side (bf16.h's group_sums says why)
-    for (int64_t g = 0; g < groups; g += 8) {
-      const int64_t n = std::min<int64_t>(8, groups - g);
-      float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t c = 0; c < group; ++c)
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t k = (g + j) * group + c;
-          const float v = normal ? bf16_to_float(xm[k]) * power : std::ldexp(bf16_to_float(xm[k]), shift);
-          xs[m * K + k] = v * factor[k % 8];
-          sum[j] += v;
-        }
-      for (int64_t j = 0; j < n; ++j) corr[m * groups + g + j] = 8.0f * sum[j];
-    }
+    float* xsm = xs.data() + m * K;
+    group_sums(x + m * K, groups, group, 8.0f, corr.data() + m * groups, [&](int64_t k, float value) {
+      const float v = normal ? value * power : std::ldexp(value, shift);
+      xsm[k] = v * factor[k % 8];
+      return v;
+    });
   }
   // as dot4: each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next
   at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {

@@ -344,7 +344,7 @@ struct Mlp {
 enum GateUp {
     /// Dense, or on ATen's int4 kernel: apart, as step 03 holds them.
     Apart { gate: Linear, up: Linear },
-    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Held::stacked`: the same bits
+    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Held::own`: the same bits
     /// row for row), its first `ff` outputs gate's.
     Stacked { both: Linear, ff: i64 },
 }

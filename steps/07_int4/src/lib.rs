@@ -26,7 +26,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyMemoryError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyTuple};
 use tch::{Kind, Tensor};
@@ -47,6 +49,7 @@ impl From<Error> for PyErr {
             Error::NotFound { .. } => PyFileNotFoundError::new_err(e.to_string()),
             Error::Invalid(msg) => PyValueError::new_err(msg),
             Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
+            Error::OutOfMemory(msg) => PyMemoryError::new_err(msg),
             Error::Torch(t) => torch_error(t),
             Error::Python(e) => e,
         }

@@ -139,20 +139,20 @@ impl Held {
     pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
         Ok(match self.matmul.own() {
             None => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
-            Some(kernel) => Linear::Dot4(Dot4Linear::new(name, &[w], kernel, &mut self.arena.borrow_mut())?),
+            Some(kernel) => self.own(name, &[w], kernel)?,
         })
     }
 
-    /// The packed matrices `parts`, row after row, as one linear where they are kept on one of this step's kernels
-    /// — several products of one input in one call, every output the bits it has apart (dot4.rs) — else None: a
-    /// dense product, or ATen's int4 kernel, of stacked rows may sum in another order, and `weights="bf16"` stays
-    /// step 03's engine bit for bit.
-    pub fn stacked(&self, name: &str, parts: &[&Packed]) -> Result<Option<Linear>> {
-        Ok(match (self.weights, self.matmul.own()) {
-            (Weights::Int4, Some(kernel)) => {
-                Some(Linear::Dot4(Dot4Linear::new(name, parts, kernel, &mut self.arena.borrow_mut())?))
-            }
-            _ => None,
-        })
+    /// This step's kernel, where the matrices are kept 4-bit on one: then several products of one input can be one
+    /// call on their rows stacked (`own`), every output the bits it has apart (dot4.rs). None otherwise: a dense
+    /// product, or ATen's int4 kernel, of stacked rows may sum in another order, and `weights="bf16"` stays step
+    /// 03's engine bit for bit.
+    pub fn stacking_kernel(&self) -> Option<Kernel> {
+        self.matmul.own().filter(|_| self.weights == Weights::Int4)
+    }
+
+    /// The packed matrices `parts`, row after row, as one linear on `kernel`, in this model's arena.
+    pub fn own(&self, name: &str, parts: &[&Packed], kernel: Kernel) -> Result<Linear> {
+        Ok(Linear::Dot4(Dot4Linear::new(name, parts, kernel, &mut self.arena.borrow_mut())?))
     }
 }

@@ -49,8 +49,7 @@ impl Arena {
     /// view does not).
     pub fn take(&mut self, bytes: i64) -> Result<(Arc<MmapMut>, Tensor)> {
         if bytes > CHUNK / 4 {
-            let (map, all) = huge_paged_map(bytes)?;
-            return Ok((map, all));
+            return huge_paged_map(bytes);
         }
         let fits = matches!(&self.current, Some((_, _, used)) if used + bytes <= CHUNK);
         if !fits {
@@ -79,7 +78,7 @@ fn aligned(at: i64) -> i64 {
 /// advice is refused (transparent huge pages `never`) the pages are 4 KB ones.
 fn huge_paged_map(bytes: i64) -> Result<(Arc<MmapMut>, Tensor)> {
     let mut map = MmapMut::map_anon((bytes + HUGE_PAGE) as usize)
-        .map_err(|e| Error::Unsupported(format!("{bytes} bytes for int4 weights: an anonymous map failed: {e}")))?;
+        .map_err(|e| Error::OutOfMemory(format!("{bytes} bytes for int4 weights: an anonymous map failed: {e}")))?;
     let skip = (HUGE_PAGE - map.as_ptr() as i64 % HUGE_PAGE) % HUGE_PAGE;
     #[cfg(target_os = "linux")]
     if bytes >= HUGE_PAGE {
@@ -93,34 +92,33 @@ fn huge_paged_map(bytes: i64) -> Result<(Arc<MmapMut>, Tensor)> {
 }
 // --8<-- [end:map]
 
-/// The lines /proc/self/smaps gives for the mapping `buffer` starts in (Linux), for the test that the advice took;
-/// `None` where they cannot be read.
-#[cfg(test)]
-fn smaps_of(buffer: &Tensor) -> Option<Vec<String>> {
-    let start = buffer.data_ptr() as usize;
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut found: Option<Vec<String>> = None;
-    for line in smaps.lines() {
-        let range = line.split_once(' ').and_then(|(range, _)| range.split_once('-'));
-        if let Some((a, b)) =
-            range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)))
-        {
-            if found.is_some() {
-                break; // the next mapping's header
-            }
-            if a <= start && start < b {
-                found = Some(Vec::new());
-            }
-        } else if let Some(lines) = found.as_mut() {
-            lines.push(line.to_string());
-        }
-    }
-    found
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lines /proc/self/smaps gives for the mapping `buffer` starts in (Linux), for the test that the advice took;
+    /// `None` where they cannot be read.
+    fn smaps_of(buffer: &Tensor) -> Option<Vec<String>> {
+        let start = buffer.data_ptr() as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut found: Option<Vec<String>> = None;
+        for line in smaps.lines() {
+            let range = line.split_once(' ').and_then(|(range, _)| range.split_once('-'));
+            if let Some((a, b)) =
+                range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)))
+            {
+                if found.is_some() {
+                    break; // the next mapping's header
+                }
+                if a <= start && start < b {
+                    found = Some(Vec::new());
+                }
+            } else if let Some(lines) = found.as_mut() {
+                lines.push(line.to_string());
+            }
+        }
+        found
+    }
 
     #[test]
     fn pieces_follow_each_other_on_huge_page_boundaries_and_are_as_long_as_asked() {
@@ -151,6 +149,13 @@ mod tests {
         let (_, after) = arena.take(CHUNK / 4 * 3).unwrap();
         assert_eq!(after.data_ptr() as i64 % HUGE_PAGE, 0);
         assert_ne!(after.data_ptr(), fresh.data_ptr());
+    }
+
+    #[test]
+    fn memory_the_system_cannot_give_is_a_memory_error_naming_the_bytes() {
+        // 1 PB: more than a 64-bit process's address space holds, whatever the system's overcommit setting
+        let Err(Error::OutOfMemory(msg)) = Arena::new().take(1 << 50) else { panic!("a 1 PB map must fail") };
+        assert!(msg.starts_with("1125899906842624 bytes for int4 weights: an anonymous map failed"), "{msg}");
     }
 
     #[test]
