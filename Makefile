@@ -95,7 +95,7 @@ peer: setup
 	tools/peer.sh native avx2
 
 # Step 05's E2B bench with the two Rust ways the peer is compared with and every llama.cpp way, and step 06's with
-# Rust int4 beside llama.cpp's fastest Q4_0 ways at 512 and 4,081 tokens (tools/bench-peer.txt).
+# Rust int4 beside llama.cpp's fastest Q4_0 ways at 512, 4,081 and 32,761 tokens (tools/bench-peer.txt).
 bench-peer: peer
 	python tools/record.py --list tools/bench-peer.txt --folder cpu-e2b --device cpu
 

@@ -92,7 +92,7 @@ def targets(rows: list[dict], lengths: list[int]) -> list[tuple[str, float | Non
             tokens = (rust or compiled or {}).get("prompt_tokens", n)
             checks.append((f"Rust eager read / Python compile read, {tokens}-token prompt",
                            ratio(rust, compiled, "read_tok_s"), ">=", 0.9))
-    for way in [w for w in ("rust-eager", "python-compile", "rust-int4") if w in asked]:
+    for way in [w for w in ("rust-eager", "python-compile", "rust-int4") if w in asked and len(lengths) > 1]:
         longest, shortest_row = at.get((way, lengths[-1])), at.get((way, lengths[0]))
         checks.append((f"{NAMES[way]} decode, longest prompt / shortest",
                        ratio(longest, shortest_row, "decode_tok_s"), ">=", 0.9))

@@ -98,8 +98,10 @@ class Wheels:
         uv("pip", "install", str(self.wheel(venv, step, work)), cwd=work, env=step_env(venv))
 
 
-def copy_and_test(step: str, wheels: Wheels, folder: Path) -> subprocess.CompletedProcess:
-    """`step` and the steps it needs copied into `folder`, installed into a fresh virtualenv there, its tests run."""
+def copy_and_test(step: str, wheels: Wheels, folder: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """`step` and the steps it needs copied into `folder`, installed into a fresh virtualenv there, its tests run;
+    and the seconds the copy and install took."""
+    start = time.perf_counter()
     work = folder / "project"
     for s in [*needs(step), step]:
         shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
@@ -111,13 +113,20 @@ def copy_and_test(step: str, wheels: Wheels, folder: Path) -> subprocess.Complet
 
     for s in [*needs(step), step]:
         wheels.install(venv, s, work)
+    installed_s = time.perf_counter() - start
     return subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                           cwd=work / step, env={**step_env(venv), "OMP_NUM_THREADS": THREADS}, capture_output=True,
-                          text=True)
+                          text=True), installed_s
 
 
 # Each copy's wall time in the last run on this machine, beside the other caches that outlive a clone.
-TIMES = Path(os.environ.get("GEMMA4_CACHE") or Path.home() / ".cache" / "gemma4-walkthrough") / "copy-seconds.json"
+CACHE = Path(os.environ.get("GEMMA4_CACHE") or Path.home() / ".cache" / "gemma4-walkthrough")
+TIMES = CACHE / "copy-seconds.json"
+# Where each copy and its virtualenv live while it runs: the same folder every run, emptied first. Inductor keys
+# the C++ it compiles on the compiler's command line, which names the virtualenv's torch headers; in a new
+# temporary folder each run, step 05's copy compiled every graph again (209 s of a 276 s copy test, 2026-12-05;
+# 192 new files in inductor's cache each run).
+COPIES = CACHE / "copies"
 
 
 def last_times() -> dict:
@@ -136,7 +145,7 @@ def first(step: str, seconds: dict) -> tuple:
 
 
 @pytest.fixture(scope="session")
-def copies(request, tmp_path_factory, copy_seconds) -> dict:
+def copies(request, tmp_path_factory, copy_seconds, install_seconds) -> dict:
     """step -> the future of its copy's test run, for the steps this session selected, COPY_JOBS at a time."""
     selected = sorted({item.callspec.params["step"] for item in request.session.items
                        if item.originalname == "test_a_copied_step_installs_and_passes_its_tests"},
@@ -145,9 +154,12 @@ def copies(request, tmp_path_factory, copy_seconds) -> dict:
 
     def job(step):
         start = time.perf_counter()
-        folder = tmp_path_factory.mktemp(step)
-        proc = copy_and_test(step, wheels, folder)
+        folder = COPIES / step
+        shutil.rmtree(folder, ignore_errors=True)  # fresh every run: last run's copy and virtualenv go first
+        folder.mkdir(parents=True)
+        proc, installed_s = copy_and_test(step, wheels, folder)
         copy_seconds[step] = time.perf_counter() - start
+        install_seconds[step] = installed_s
         if proc.returncode == 0:
             shutil.rmtree(folder, ignore_errors=True)  # a virtualenv per copy: keep only a failed one's
         return proc

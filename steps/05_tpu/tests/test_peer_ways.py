@@ -60,14 +60,15 @@ NO_PEER = peer.missing("llamacpp-q4_0")
 
 
 @pytest.mark.skipif(NO_PEER is not None, reason=f"llama.cpp not built: {NO_PEER}")
-@pytest.mark.parametrize("way", ["llamacpp-q4_0-norepack", "llamacpp-avx2-q4_0"])
-def test_a_llama_cpp_way_runs_like_the_others_on_the_trained_model(way):
+@pytest.mark.parametrize("way,cold", [("llamacpp-q4_0-norepack", "prompt"), ("llamacpp-avx2-q4_0", "prefix")])
+def test_a_llama_cpp_way_runs_like_the_others_on_the_trained_model(way, cold):
     text = checkpoints.trained("causal") / "text"
     if peer.missing(way):
         pytest.skip(peer.missing(way))
     ids = prompt.encode(text, prompt.PROMPT)
-    row = run_way(way, text, None, "cpu", "bfloat16", 2048, ids, 8)
+    row = run_way(way, text, None, "cpu", "bfloat16", 2048, ids, 8, cold=cold)  # step 06 asks for "prefix"
     assert row["available"], row["why"]
+    assert row["cold"] == cold
     assert len(row["tokens"]) == 8 and row["tokens"] == prompt.expected(text, prompt.PROMPT)[:8]
     assert row["streamed_tok_s"] > 0 and row["read_tok_s"] > 0 and row["peak_gb"] > 0
     # one row of each table read per token, the rest whole: less than the file, more than its linears

@@ -55,8 +55,10 @@ def crash_why(proc: subprocess.CompletedProcess) -> str:
     return f"llama.cpp {peer.VERSION} {died}{held}; its last output: {(lines or ['(nothing)'])[-1][:160]}"
 
 
-def run(way: str, model, ctx: int, ids: list[int], max_new: int, stop: list[int] | None = None) -> dict:
-    """Run one llama.cpp way in a fresh process and return its row (the FIGURES of ways.run_way's rows)."""
+def run(way: str, model, ctx: int, ids: list[int], max_new: int, stop: list[int] | None = None,
+        cold: str = "prompt") -> dict:
+    """Run one llama.cpp way in a fresh process and return its row (the FIGURES of ways.run_way's rows); `cold` as
+    there."""
     build, quant, repack = peer.parse_way(way)
     if why := peer.missing(way):
         raise PeerUnavailable(why)
@@ -65,7 +67,7 @@ def run(way: str, model, ctx: int, ids: list[int], max_new: int, stop: list[int]
         prompt, out = Path(tmp) / "ids.json", Path(tmp) / "row.json"
         prompt.write_text(json.dumps(list(ids)))
         cmd = [sys.executable, "-m", "torchtpu_ways.peer_worker", "--way", way, "--gguf", str(gguf), "--ctx", str(ctx),
-               "--ids", str(prompt), "--max-new", str(max_new), "--out", str(out),
+               "--ids", str(prompt), "--max-new", str(max_new), "--out", str(out), "--cold", cold,
                *(["--stop", ",".join(map(str, stop))] if stop else [])]
         env = peer.env(way)
         source = Path(__file__).resolve().parents[1]  # this copy of the package, as ways.worker_env does

@@ -70,7 +70,7 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
         if str(device).split(":")[0] != "cpu":
             return unavailable(way, "make peer builds llama.cpp for the CPU only")
         try:
-            return run(way, model, ctx, ids, max_new, stop)
+            return run(way, model, ctx, ids, max_new, stop, cold)
         except PeerUnavailable as why:
             return unavailable(way, str(why))
     if way == "rust-fused" and not tpu.is_tpu(str(device)):

@@ -89,6 +89,12 @@ def test_targets_judge_only_the_ways_asked_for():
         "Rust eager decode / bandwidth limit, 4000-token prompt": 0.4}
 
 
+def test_one_length_has_no_longest_against_shortest():
+    # a run at one length (make bench-peer's 32k line) compared it with itself: 1.00, "met"
+    rows = [row("rust-int4", 32000, 90, 4.8, 0.3)]
+    assert [name for name, *_ in bench.targets(rows, [32000])] == []
+
+
 def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--size", "tiny", "--lengths", "40,100", "--repeats", "2,1",
