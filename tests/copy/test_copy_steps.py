@@ -125,7 +125,7 @@ TIMES = CACHE / "copy-seconds.json"
 # Where each copy and its virtualenv live while it runs: the same folder every run, emptied first. Inductor keys
 # the C++ it compiles on the compiler's command line, which names the virtualenv's torch headers; in a new
 # temporary folder each run, step 05's copy compiled every graph again (209 s of a 276 s copy test, 2026-12-05;
-# 192 new files in inductor's cache each run).
+# 192 new files in inductor's cache each run). One make test at a time per machine: two would share the folders.
 COPIES = CACHE / "copies"
 
 

@@ -34,8 +34,8 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 widened16(const uint16
 
 // times · Σ value(k, x[k]) over each group of `group` values of x (bf16, widened to float32), in float32, k in order
 // — one sum after another waits on each add's latency, once per value of the row (perf put this prologue at 0.45 ms
-// of an E2B decode step on dot4), so eight groups' sums run side by side, each still in its own order: same bits. `value` may also keep what it is given
-// (fma4.cpp keeps its scaled activations); dot4.cpp sums x itself.
+// of an E2B decode step on dot4), so eight groups' sums run side by side, each still in its own order: same bits.
+// `value` may also keep what it is given (fma4.cpp keeps its scaled activations); dot4.cpp sums x itself.
 template <class Value>
 inline void group_sums(const uint16_t* x, int64_t groups, int64_t group, float times, float* out, Value value) {
   for (int64_t g = 0; g < groups; g += 8) {
