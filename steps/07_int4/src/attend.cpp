@@ -19,11 +19,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
-
-float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 // 8 cache values from slot row `row` at column `c` as float32: bf16 widened exactly, or float32 as stored.
 template <bool BF16>
@@ -42,89 +41,164 @@ __attribute__((target("avx2,fma"))) inline float sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
 }
 
-constexpr int64_t MAX_GROUP = 8;  // query heads scored against one key at once (E2B: 8 heads share a KV head)
+constexpr int64_t MAX_GROUP = 8;  // query heads whose sums the kernels keep in registers at once
+constexpr int64_t SLOT_TILE = 32;  // value rows a column block's sums pass over before the next block's
+// Keys are fetched AHEAD slots before they are scored and a tile's value rows while the tile before it is summed:
+// without, both passes waited on memory most of their time (a 32k cache's layer took 11 ms, 6.9 with them).
+constexpr int64_t AHEAD = 4;
+
+// f(std::integral_constant<int, n>) for n = 1..MAX_GROUP: the kernels below keep their n heads' sums in
+// registers, which takes n known when they are compiled.
+template <typename F>
+void with_heads(int64_t n, F f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
 
 // --8<-- [start:score]
-// Scores of `heads` query rows qf [heads, d] (float32) against the keys of slots [begin, end): scores[h * S + s].
-template <bool BF16>
-__attribute__((target("avx2,fma"))) void score(const float* qf, int64_t heads, const char* k, int64_t slot_bytes,
-                                               int64_t d, const bool* masked, int64_t S, int64_t begin, int64_t end,
+// Scores of N query rows qf [N, d] (float32) against the keys of slots [begin, end): scores[h * S + s].
+template <bool BF16, int N>
+__attribute__((target("avx2,fma"))) void score(const float* qf, const char* k, int64_t slot_bytes, int64_t d,
+                                               const bool* masked, int64_t S, int64_t begin, int64_t end,
                                                float* scores) {
+  constexpr int64_t SIZE = BF16 ? 2 : 4, LINE = 64 / SIZE;
   for (int64_t s = begin; s < end; ++s) {
     if (masked[s]) continue;
     const void* key = k + s * slot_bytes;
-    for (int64_t h0 = 0; h0 < heads; h0 += MAX_GROUP) {
-      const int64_t n = std::min(MAX_GROUP, heads - h0);
-      __m256 acc[MAX_GROUP];
-      for (int64_t h = 0; h < n; ++h) acc[h] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < d; c += 8) {
-        const __m256 kc = load8<BF16>(key, c);
-        for (int64_t h = 0; h < n; ++h) acc[h] = _mm256_fmadd_ps(kc, _mm256_loadu_ps(qf + (h0 + h) * d + c), acc[h]);
-      }
-      for (int64_t h = 0; h < n; ++h) scores[(h0 + h) * S + s] = sum8(acc[h]);
+    __m256 acc[N];
+    for (int h = 0; h < N; ++h) acc[h] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      if (c % LINE == 0) _mm_prefetch(static_cast<const char*>(key) + AHEAD * slot_bytes + c * SIZE, _MM_HINT_T0);
+      const __m256 kc = load8<BF16>(key, c);
+      for (int h = 0; h < N; ++h) acc[h] = _mm256_fmadd_ps(kc, _mm256_loadu_ps(qf + h * d + c), acc[h]);
     }
+    for (int h = 0; h < N; ++h) scores[h * S + s] = sum8(acc[h]);
   }
 }
 // --8<-- [end:score]
 
-// out[h, c0:c1] = Σ_s p[s, h] · v[s, c0:c1] for the `heads` heads sharing these values, over the slots not masked,
-// in slot order: each value row is read once for all of them. p is [S, heads] (transposed for this loop).
+// 8 lanes of v rounded to bf16 (to nearest even, NaN a quiet NaN: bf16.h's float_to_bf16) and widened again.
+__attribute__((target("avx2,fma"))) inline __m256 through_bf16(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(int(0xFFFF0000))));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), rounded, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+}
+
+// All ones in the lanes of slots [s, s + 8) below S; `seen8` also leaves out the masked ones.
+__attribute__((target("avx2,fma"))) inline __m256i inside8(int64_t s, int64_t S) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(S - s, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256i seen8(const bool* masked, int64_t s, int64_t S) {
+  alignas(8) uint8_t m[8];
+  for (int i = 0; i < 8; ++i) m[i] = s + i < S && !masked[s + i];
+  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+  return _mm256_cmpgt_epi32(lanes, _mm256_setzero_si256());
+}
+
+__attribute__((target("avx2,fma"))) inline float max8(__m256 v) {
+  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 quarter = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_max_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
+}
+
+extern "C" __m256 Sleef_expf8_u10(__m256);  // ATen's vectorized exp, exported by libtorch_cpu (as tanh.cpp's tanh)
+
+// One head's scores row [S] into its probabilities, in place: with a bf16 cache each score first rounded to bf16
+// (the matmul's output); the max, exp(x - max) (Sleef's, as ATen's softmax), their sum, one multiply by its
+// reciprocal, with a bf16 cache rounded to bf16 (the softmax's output). Masked slots get exactly 0. Eight slots at a
+// time, so the sum's order depends on S alone.
 template <bool BF16>
-__attribute__((target("avx2,fma"))) void weigh(const float* p, int64_t heads, const char* v, int64_t slot_bytes,
-                                               int64_t d, const bool* masked, int64_t S, int64_t c0, int64_t c1,
-                                               float* out) {
-  for (int64_t c = c0; c < c1; c += 8)
-    for (int64_t h0 = 0; h0 < heads; h0 += MAX_GROUP) {
-      const int64_t n = std::min(MAX_GROUP, heads - h0);
-      __m256 acc[MAX_GROUP];
-      for (int64_t h = 0; h < n; ++h) acc[h] = _mm256_setzero_ps();
-      for (int64_t s = 0; s < S; ++s) {
+__attribute__((target("avx2,fma"))) void softmax(float* row, const bool* masked, int64_t S) {
+  const __m256 none = _mm256_set1_ps(-INFINITY);
+  __m256 tops = none;
+  for (int64_t s = 0; s < S; s += 8) {
+    const __m256i seen = seen8(masked, s, S);
+    __m256 x = _mm256_maskload_ps(row + s, seen);
+    if (BF16) x = through_bf16(x);
+    tops = _mm256_max_ps(tops, _mm256_blendv_ps(none, x, _mm256_castsi256_ps(seen)));
+  }
+  const __m256 top = _mm256_set1_ps(max8(tops));
+  __m256 sums = _mm256_setzero_ps();
+  for (int64_t s = 0; s < S; s += 8) {
+    const __m256i seen = seen8(masked, s, S);
+    __m256 x = _mm256_maskload_ps(row + s, seen);
+    if (BF16) x = through_bf16(x);
+    const __m256 e = _mm256_and_ps(Sleef_expf8_u10(_mm256_sub_ps(x, top)), _mm256_castsi256_ps(seen));
+    _mm256_maskstore_ps(row + s, inside8(s, S), e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / sum8(sums));
+  for (int64_t s = 0; s < S; s += 8) {
+    const __m256i inside = inside8(s, S);
+    const __m256 p = _mm256_mul_ps(_mm256_maskload_ps(row + s, inside), inverse);
+    _mm256_maskstore_ps(row + s, inside, BF16 ? through_bf16(p) : p);
+  }
+}
+
+// out[h, c0:c1] = Σ_s p[h, s] · v[s, c0:c1] for N heads sharing these values (p [N, S]), over the slots not masked,
+// in slot order: each value row is read once for all of them. The slots go in tiles, every column block over one
+// tile before the next tile, so a tile's rows come from memory once and stay in the core's cache while the blocks
+// pass over them (one block at a time over all the slots read a 32k cache from memory 16 times, a cache line holding
+// four blocks); each sum carries on in `out` from one tile to the next, its terms still in slot order.
+template <bool BF16, int N>
+__attribute__((target("avx2,fma"))) void weigh(const float* p, const char* v, int64_t slot_bytes, int64_t d,
+                                               const bool* masked, int64_t S, int64_t c0, int64_t c1, float* out) {
+  constexpr int64_t SIZE = BF16 ? 2 : 4, LINE = 64 / SIZE;
+  for (int64_t t0 = 0; t0 < S; t0 += SLOT_TILE) {
+    const int64_t t1 = std::min(S, t0 + SLOT_TILE);
+    for (int64_t c = c0; c < c1; c += 8) {
+      __m256 acc[N];
+      for (int h = 0; h < N; ++h) acc[h] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * d + c);
+      for (int64_t s = t0; s < t1; ++s) {
+        if (c % LINE == 0) _mm_prefetch(v + (s + SLOT_TILE) * slot_bytes + c * SIZE, _MM_HINT_T1);
         if (masked[s]) continue;
         const __m256 vc = load8<BF16>(v + s * slot_bytes, c);
-        for (int64_t h = 0; h < n; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[s * heads + h0 + h]), vc, acc[h]);
+        for (int h = 0; h < N; ++h) acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * S + s), vc, acc[h]);
       }
-      for (int64_t h = 0; h < n; ++h) _mm256_storeu_ps(out + (h0 + h) * d + c, acc[h]);
+      for (int h = 0; h < N; ++h) _mm256_storeu_ps(out + h * d + c, acc[h]);
     }
+  }
 }
 
 template <bool BF16>
 void attend(const uint16_t* q, const char* k, const char* v, int64_t kv_head_bytes, int64_t slot_bytes,
             const bool* masked, uint16_t* out, int64_t heads, int64_t kv_heads, int64_t S, int64_t d) {
   const int64_t group = heads / kv_heads;
-  std::vector<float> qf(heads * d), scores(group * S), probs(S * group), acc(heads * d);
+  std::vector<float> qf(heads * d), probs(group * S), acc(heads * d);
   for (int64_t i = 0; i < heads * d; ++i) qf[i] = bf16_to_float(q[i]);
-  // slots split between threads in the first pass, columns in the second: every sum is made in the same order
-  // whatever the number of threads, so one thread and two give the same bits; short caches stay on one thread
-  const int64_t slot_grain = 256, column_grain = S >= 256 ? 1 : d / 8;
+  // slots split between threads in the first pass, heads in the second, columns in the third: every sum is made in
+  // the same order whatever the number of threads, so one thread and two give the same bits; short caches stay on
+  // one thread
+  const int64_t slot_grain = 256, head_grain = S >= 1024 ? 1 : group, column_grain = S >= 256 ? 1 : d / 8;
   for (int64_t g = 0; g < kv_heads; ++g) {
     const float* qg = qf.data() + g * group * d;
-    float* sg = scores.data();
-    const char* kg = k + g * kv_head_bytes;
+    const char *kg = k + g * kv_head_bytes, *vg = v + g * kv_head_bytes;
     at::parallel_for(0, S, slot_grain, [&](int64_t begin, int64_t end) {
-      score<BF16>(qg, group, kg, slot_bytes, d, masked, S, begin, end, sg);
+      for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
+        with_heads(std::min(MAX_GROUP, group - h0), [&](auto n) {
+          score<BF16, decltype(n)::value>(qg + h0 * d, kg, slot_bytes, d, masked, S, begin, end, &probs[h0 * S]);
+        });
     });
-    for (int64_t h = 0; h < group; ++h) {
-      float* row = sg + h * S;
-      float top = -INFINITY;
-      for (int64_t s = 0; s < S; ++s) {
-        if (masked[s]) continue;
-        if (BF16) row[s] = round_to_bf16(row[s]);  // the bf16 matmul's output
-        top = std::max(top, row[s]);
-      }
-      float sum = 0.0f;
-      for (int64_t s = 0; s < S; ++s) {
-        row[s] = masked[s] ? 0.0f : std::exp(row[s] - top);
-        sum += row[s];
-      }
-      const float inverse = 1.0f / sum;
-      for (int64_t s = 0; s < S; ++s) {
-        const float p = row[s] * inverse;
-        probs[s * group + h] = BF16 ? round_to_bf16(p) : p;
-      }
-    }
+    at::parallel_for(0, group, head_grain, [&](int64_t begin, int64_t end) {
+      for (int64_t h = begin; h < end; ++h) softmax<BF16>(&probs[h * S], masked, S);
+    });
     at::parallel_for(0, d / 8, column_grain, [&](int64_t begin, int64_t end) {
-      weigh<BF16>(probs.data(), group, v + g * kv_head_bytes, slot_bytes, d, masked, S, begin * 8, end * 8,
-                  acc.data() + g * group * d);
+      for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
+        with_heads(std::min(MAX_GROUP, group - h0), [&](auto n) {
+          weigh<BF16, decltype(n)::value>(&probs[h0 * S], vg, slot_bytes, d, masked, S, begin * 8, end * 8,
+                                          &acc[(g * group + h0) * d]);
+        });
     });
   }
   for (int64_t i = 0; i < heads * d; ++i) out[i] = float_to_bf16(acc[i]);
