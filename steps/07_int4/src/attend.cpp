@@ -64,7 +64,7 @@ void with_heads(int64_t n, F f) {
 }
 
 // --8<-- [start:score]
-// Scores of N query rows qf [N, d] (float32) against the keys of slots [begin, end): scores[h * S + s].
+// Scores of N query rows qf [N, d] (float32) against the keys of the seen slots in [begin, end): scores[h * S + s].
 template <bool BF16, int N>
 __attribute__((target("avx2,fma"))) void score(const float* qf, const char* k, int64_t slot_bytes, int64_t d,
                                                const bool* masked, int64_t S, int64_t begin, int64_t end,
@@ -73,10 +73,12 @@ __attribute__((target("avx2,fma"))) void score(const float* qf, const char* k, i
   for (int64_t s = begin; s < end; ++s) {
     if (masked[s]) continue;
     const void* key = k + s * slot_bytes;
+    const bool fetch = s + AHEAD < end && !masked[s + AHEAD];  // never a slot the pass will not read
     __m256 acc[N];
     for (int h = 0; h < N; ++h) acc[h] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c += 8) {
-      if (c % LINE == 0) _mm_prefetch(static_cast<const char*>(key) + AHEAD * slot_bytes + c * SIZE, _MM_HINT_T0);
+      if (fetch && c % LINE == 0)
+        _mm_prefetch(static_cast<const char*>(key) + AHEAD * slot_bytes + c * SIZE, _MM_HINT_T0);
       const __m256 kc = load8<BF16>(key, c);
       for (int h = 0; h < N; ++h) acc[h] = _mm256_fmadd_ps(kc, _mm256_loadu_ps(qf + h * d + c), acc[h]);
     }
@@ -94,16 +96,24 @@ __attribute__((target("avx2,fma"))) inline __m256 through_bf16(__m256 v) {
   return _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), rounded, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
 }
 
-// All ones in the lanes of slots [s, s + 8) below S; `seen8` also leaves out the masked ones.
-__attribute__((target("avx2,fma"))) inline __m256i inside8(int64_t s, int64_t S) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(S - s, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+// The slots a query sees: `lanes[s]` all ones where slot s is seen, zeros where it is masked and for 8 slots past
+// the last, and the span [lo, hi) that holds them. A decode step sees a run of its bucket's slots (the bucket is
+// 512 slots for a short context), so every loop runs over the span alone, and nothing is fetched for a slot that
+// is not seen.
+struct Seen {
+  std::vector<int32_t> lanes;
+  int64_t lo, hi;
+};
 
-__attribute__((target("avx2,fma"))) inline __m256i seen8(const bool* masked, int64_t s, int64_t S) {
-  alignas(8) uint8_t m[8];
-  for (int i = 0; i < 8; ++i) m[i] = s + i < S && !masked[s + i];
-  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
-  return _mm256_cmpgt_epi32(lanes, _mm256_setzero_si256());
+Seen seen_slots(const bool* masked, int64_t S) {
+  Seen seen{std::vector<int32_t>(S + 8, 0), S, 0};
+  for (int64_t s = 0; s < S; ++s)
+    if (!masked[s]) {
+      seen.lanes[s] = -1;
+      seen.lo = std::min(seen.lo, s);
+      seen.hi = s + 1;
+    }
+  return seen;
 }
 
 __attribute__((target("avx2,fma"))) inline float max8(__m256 v) {
@@ -114,35 +124,36 @@ __attribute__((target("avx2,fma"))) inline float max8(__m256 v) {
 
 extern "C" __m256 Sleef_expf8_u10(__m256);  // ATen's vectorized exp, exported by libtorch_cpu (as tanh.cpp's tanh)
 
-// One head's scores row [S] into its probabilities, in place: with a bf16 cache each score first rounded to bf16
-// (the matmul's output); the max, exp(x - max) (Sleef's, as ATen's softmax), their sum, one multiply by its
-// reciprocal, with a bf16 cache rounded to bf16 (the softmax's output). Masked slots get exactly 0. Eight slots at a
-// time, so the sum's order depends on S alone.
+// One head's scores row [S] into its probabilities, in place, for the slots seen (the others are not read again):
+// with a bf16 cache each score first rounded to bf16 (the matmul's output); the max, exp(x - max) (Sleef's, as
+// ATen's softmax), their sum, one multiply by its reciprocal, with a bf16 cache rounded to bf16 (the softmax's
+// output). Eight slots at a time from the span's start, so the sum's order depends on the mask alone.
 template <bool BF16>
-__attribute__((target("avx2,fma"))) void softmax(float* row, const bool* masked, int64_t S) {
+__attribute__((target("avx2,fma"))) void softmax(float* row, const Seen& seen) {
   const __m256 none = _mm256_set1_ps(-INFINITY);
+  const int32_t* lanes = seen.lanes.data();
   __m256 tops = none;
-  for (int64_t s = 0; s < S; s += 8) {
-    const __m256i seen = seen8(masked, s, S);
-    __m256 x = _mm256_maskload_ps(row + s, seen);
+  for (int64_t s = seen.lo; s < seen.hi; s += 8) {
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
+    __m256 x = _mm256_maskload_ps(row + s, mask);
     if (BF16) x = through_bf16(x);
-    tops = _mm256_max_ps(tops, _mm256_blendv_ps(none, x, _mm256_castsi256_ps(seen)));
+    tops = _mm256_max_ps(tops, _mm256_blendv_ps(none, x, _mm256_castsi256_ps(mask)));
   }
   const __m256 top = _mm256_set1_ps(max8(tops));
   __m256 sums = _mm256_setzero_ps();
-  for (int64_t s = 0; s < S; s += 8) {
-    const __m256i seen = seen8(masked, s, S);
-    __m256 x = _mm256_maskload_ps(row + s, seen);
+  for (int64_t s = seen.lo; s < seen.hi; s += 8) {
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
+    __m256 x = _mm256_maskload_ps(row + s, mask);
     if (BF16) x = through_bf16(x);
-    const __m256 e = _mm256_and_ps(Sleef_expf8_u10(_mm256_sub_ps(x, top)), _mm256_castsi256_ps(seen));
-    _mm256_maskstore_ps(row + s, inside8(s, S), e);
+    const __m256 e = _mm256_and_ps(Sleef_expf8_u10(_mm256_sub_ps(x, top)), _mm256_castsi256_ps(mask));
+    _mm256_maskstore_ps(row + s, mask, e);
     sums = _mm256_add_ps(sums, e);
   }
   const __m256 inverse = _mm256_set1_ps(1.0f / sum8(sums));
-  for (int64_t s = 0; s < S; s += 8) {
-    const __m256i inside = inside8(s, S);
-    const __m256 p = _mm256_mul_ps(_mm256_maskload_ps(row + s, inside), inverse);
-    _mm256_maskstore_ps(row + s, inside, BF16 ? through_bf16(p) : p);
+  for (int64_t s = seen.lo; s < seen.hi; s += 8) {
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
+    const __m256 p = _mm256_mul_ps(_mm256_maskload_ps(row + s, mask), inverse);
+    _mm256_maskstore_ps(row + s, mask, BF16 ? through_bf16(p) : p);
   }
 }
 
@@ -153,15 +164,18 @@ __attribute__((target("avx2,fma"))) void softmax(float* row, const bool* masked,
 // four blocks); each sum carries on in `out` from one tile to the next, its terms still in slot order.
 template <bool BF16, int N>
 __attribute__((target("avx2,fma"))) void weigh(const float* p, const char* v, int64_t slot_bytes, int64_t d,
-                                               const bool* masked, int64_t S, int64_t c0, int64_t c1, float* out) {
+                                               const bool* masked, int64_t S, int64_t lo, int64_t hi, int64_t c0,
+                                               int64_t c1, float* out) {
   constexpr int64_t SIZE = BF16 ? 2 : 4, LINE = 64 / SIZE;
-  for (int64_t t0 = 0; t0 < S; t0 += SLOT_TILE) {
-    const int64_t t1 = std::min(S, t0 + SLOT_TILE);
+  for (int64_t t0 = lo; t0 < hi; t0 += SLOT_TILE) {
+    const int64_t t1 = std::min(hi, t0 + SLOT_TILE);
     for (int64_t c = c0; c < c1; c += 8) {
       __m256 acc[N];
-      for (int h = 0; h < N; ++h) acc[h] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * d + c);
+      for (int h = 0; h < N; ++h) acc[h] = t0 == lo ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * d + c);
       for (int64_t s = t0; s < t1; ++s) {
-        if (c % LINE == 0) _mm_prefetch(v + (s + SLOT_TILE) * slot_bytes + c * SIZE, _MM_HINT_T1);
+        const int64_t next = s + SLOT_TILE;  // the same slot of the next tile
+        if (c % LINE == 0 && next < hi && !masked[next])
+          _mm_prefetch(v + next * slot_bytes + c * SIZE, _MM_HINT_T1);
         if (masked[s]) continue;
         const __m256 vc = load8<BF16>(v + s * slot_bytes, c);
         for (int h = 0; h < N; ++h) acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * S + s), vc, acc[h]);
@@ -177,27 +191,29 @@ void attend(const uint16_t* q, const char* k, const char* v, int64_t kv_head_byt
   const int64_t group = heads / kv_heads;
   std::vector<float> qf(heads * d), probs(group * S), acc(heads * d);
   for (int64_t i = 0; i < heads * d; ++i) qf[i] = bf16_to_float(q[i]);
+  const Seen seen = seen_slots(masked, S);
   // slots split between threads in the first pass, heads in the second, columns in the third: every sum is made in
-  // the same order whatever the number of threads, so one thread and two give the same bits; short caches stay on
-  // one thread
-  const int64_t slot_grain = 256, head_grain = S >= 1024 ? 1 : group, column_grain = S >= 256 ? 1 : d / 8;
+  // the same order whatever the number of threads, so one thread and two give the same bits; few slots seen stay
+  // on one thread
+  const int64_t span = seen.hi - seen.lo;
+  const int64_t slot_grain = 256, head_grain = span >= 1024 ? 1 : group, column_grain = span >= 256 ? 1 : d / 8;
   for (int64_t g = 0; g < kv_heads; ++g) {
     const float* qg = qf.data() + g * group * d;
     const char *kg = k + g * kv_head_bytes, *vg = v + g * kv_head_bytes;
-    at::parallel_for(0, S, slot_grain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(seen.lo, seen.hi, slot_grain, [&](int64_t begin, int64_t end) {
       for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
         with_heads(std::min(MAX_GROUP, group - h0), [&](auto n) {
           score<BF16, decltype(n)::value>(qg + h0 * d, kg, slot_bytes, d, masked, S, begin, end, &probs[h0 * S]);
         });
     });
     at::parallel_for(0, group, head_grain, [&](int64_t begin, int64_t end) {
-      for (int64_t h = begin; h < end; ++h) softmax<BF16>(&probs[h * S], masked, S);
+      for (int64_t h = begin; h < end; ++h) softmax<BF16>(&probs[h * S], seen);
     });
     at::parallel_for(0, d / 8, column_grain, [&](int64_t begin, int64_t end) {
       for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
         with_heads(std::min(MAX_GROUP, group - h0), [&](auto n) {
-          weigh<BF16, decltype(n)::value>(&probs[h0 * S], vg, slot_bytes, d, masked, S, begin * 8, end * 8,
-                                          &acc[(g * group + h0) * d]);
+          weigh<BF16, decltype(n)::value>(&probs[h0 * S], vg, slot_bytes, d, masked, S, seen.lo, seen.hi,
+                                          begin * 8, end * 8, &acc[(g * group + h0) * d]);
         });
     });
   }
