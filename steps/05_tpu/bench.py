@@ -281,7 +281,8 @@ def main() -> None:
             if row["available"]:
                 row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row["prompt_len"], len(row["tokens"]) - 1,
                                                                row["decode_slots"], row["attention_dtype"],
-                                                               row.get("sliding_slots", "ring"))
+                                                               row.get("sliding_slots", "ring"),
+                                                               row.get("kv_read", "slots"))
                 read = row["bytes_per_token"] + row["kv_bytes_per_token"]
                 row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
         return rows

@@ -203,7 +203,7 @@ def main() -> None:
                 # a decode step reads the weights as held and the cached keys and values it attends over
                 row["decode_bytes_per_token"] = row["bytes_per_token"] + kv_bytes_per_token(
                     cfg, ctx, row["prompt_tokens"], len(row["tokens"]) - 1, row["decode_slots"], row["attention_dtype"],
-                    row.get("sliding_slots", "ring"))
+                    row.get("sliding_slots", "ring"), row.get("kv_read", "slots"))
                 row["decode_fraction"] = row["decode_tok_s"] * row["decode_bytes_per_token"] / (bandwidth * 1e9)
                 # --8<-- [end:fraction]
                 print(f"{row['label']:<26}{row['prompt_tokens']:>7}{row['read_s']:>8.1f}{row['read_tok_s']:>11.1f}"

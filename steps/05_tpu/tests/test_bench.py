@@ -33,6 +33,12 @@ def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(ti
                 for i in range(cfg.num_hidden_layers))
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16", "bucket") == chunk
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 19, 4, "all", "bfloat16", "bucket") == whole
+    # step 07's own attention call reads only the slots each step's query sees: 20..23 of them after 19 tokens
+    # (at most the window's on a sliding layer), whatever its shapes
+    seen = sum(2 * cfg.kv_heads_of(i) * min(pos + 1, ctx if cfg.is_full(i) else cfg.sliding_window)
+               * cfg.head_dim_of(i) * 2 for pos in range(19, 23) for i in range(cfg.num_hidden_layers)) / 4
+    for decode_slots in ("all", "bucket"):
+        assert bandwidth.kv_bytes_per_token(cfg, ctx, 19, 4, decode_slots, "bfloat16", "bucket", "seen") == seen
 
 
 def test_the_memory_line_names_each_part_and_the_runtime():

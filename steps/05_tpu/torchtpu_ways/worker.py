@@ -90,6 +90,8 @@ def measure(args: argparse.Namespace) -> dict:
         # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
         "sliding_slots": getattr(model, "sliding_slots", "ring"),  # step 07's engine: "bucket"
+        # step 07's own attention call reads only the slots a query sees
+        "kv_read": "seen" if getattr(model, "decode_attention", "aten") == "own" else "slots",
         "memory": model.memory(),
         "weights_reason": getattr(model, "weights_reason", None),  # step 07's: which int4 kernel, and why
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),

@@ -323,10 +323,16 @@ impl Attention {
         let seen = cache.seen(self.kv_source, slots)?;
         // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
         // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
-        let read = bytes(&seen.keys) + bytes(&seen.values); // narrowed views: the slots attended over
-        let out = timed(Part::Attention, read, || match cache.decode_attention {
-            DecodeAttention::Own if q.size()[0] == 1 => attend_one(&q, &seen.keys, &seen.values, &slots.masked),
-            _ => attend(&q.f_to_kind(cache.dtype)?, &seen.keys, &seen.values, &slots.masked),
+        let own = cache.decode_attention == DecodeAttention::Own && q.size()[0] == 1;
+        // ATen's ops read every slot attended over (narrowed views), the own call only those the query sees
+        let read = (bytes(&seen.keys) + bytes(&seen.values)) * if own { slots.visible } else { slots.seen }
+            / slots.seen.max(1);
+        let out = timed(Part::Attention, read, || {
+            if own {
+                attend_one(&q, &seen.keys, &seen.values, &slots.masked)
+            } else {
+                attend(&q.f_to_kind(cache.dtype)?, &seen.keys, &seen.values, &slots.masked)
+            }
         })?;
         linear(Part::OProjection, &out.f_to_kind(x.kind())?, &self.o_proj)
     }
@@ -551,6 +557,8 @@ struct Slots {
     seen: i64,
     /// bool `[tokens, seen]`: true where a query must not see a slot (empty, in its future, or out of window).
     masked: Tensor,
+    /// The slots one token's query sees (a decode step's); `seen` for a prompt chunk.
+    visible: i64,
 }
 
 impl Cache {
@@ -646,7 +654,9 @@ impl Cache {
                 // key k is visible to query q iff q - window < k <= q
                 visible = visible.f_logical_and(&key.f_gt_tensor(&query.f_sub_scalar(window)?)?)?;
             }
-            Ok(Slots { written, seen, masked: visible.f_logical_not()? })
+            let one = pos.size()[0] == 1;
+            let count = if one { visible.f_sum(Kind::Int64)?.f_int64_value(&[])? } else { seen };
+            Ok(Slots { written, seen, masked: visible.f_logical_not()?, visible: count })
         })
     }
 
