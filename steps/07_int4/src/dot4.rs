@@ -451,15 +451,17 @@ mod tests {
     #[test]
     fn stacked_rows_give_the_bits_they_give_apart() {
         for kernel in kernels_here() {
-            let (a, b) = (random_matrix(96, 192, 1), random_matrix(48, 192, 2));
+            // gate and up (two alike), or q, k and v (one taller than the other two)
+            let (a, b, c) = (random_matrix(96, 192, 1), random_matrix(48, 192, 2), random_matrix(48, 192, 5));
             let mut arena = Arena::new();
-            let both = Dot4Linear::new("a and b", &[&a, &b], kernel, &mut arena).unwrap();
-            let (a, b) = (alone("a", &a, kernel).unwrap(), alone("b", &b, kernel).unwrap());
-            assert_eq!(both.bytes(), a.bytes() + b.bytes());
-            for m in [1, 5] {
+            let all = Dot4Linear::new("a, b and c", &[&a, &b, &c], kernel, &mut arena).unwrap();
+            let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
+            assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
+            // a decode step's row, a short prompt's, and a chunk that goes by panels where they run
+            for m in [1, 5, PANEL_MIN_ROWS] {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-                let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap()], 1);
-                assert!(both.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
+                let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap(), c.forward(&x).unwrap()], 1);
+                assert!(all.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
             }
             // matrices that cannot be one are named: other widths, or none at all
             let narrow = random_matrix(16, 64, 3);

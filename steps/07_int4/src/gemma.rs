@@ -257,11 +257,25 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result<Tensor>
 }
 // --8<-- [end:attend]
 
-/// The key and value projections of a layer that owns a cache.
-struct KeyValueProjections {
-    k_proj: Linear,
-    k_norm: RmsNorm,
-    v_proj: Linear,
+/// The attention's input projections.
+enum Projections {
+    /// A KV-shared layer's: q alone (it reads the cache its source layer wrote).
+    Query(Linear),
+    /// Dense, or on ATen's int4 kernel: apart, as step 03 holds them.
+    Apart { q: Linear, k: Linear, v: Linear },
+    /// On this step's kernels: `[q; k; v]` stacked, one call instead of three (`Held::own`: the same bits row for
+    /// row), its first `q_rows` outputs q's, then `kv_rows` of k's and of v's.
+    Stacked { qkv: Linear, q_rows: i64, kv_rows: i64 },
+}
+
+impl Projections {
+    fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Query(q) => vec![q],
+            Projections::Apart { q, k, v } => vec![q, k, v],
+            Projections::Stacked { qkv, .. } => vec![qkv],
+        }
+    }
 }
 
 // --8<-- [start:attention]
@@ -272,10 +286,10 @@ struct Attention {
     /// Whose cache it attends over: its own, or the one a KV-shared layer borrows.
     kv_source: usize,
     head_dim: i64,
-    q_proj: Linear,
+    projections: Projections,
     q_norm: RmsNorm,
-    /// None on KV-shared layers: stray k/v projections in a file are ignored.
-    kv: Option<KeyValueProjections>,
+    /// None on KV-shared layers, which project no k: stray k/v projections in a file are ignored.
+    k_norm: Option<RmsNorm>,
     v_norm: RmsNorm,
     o_proj: Linear,
 }
@@ -287,36 +301,48 @@ impl Attention {
         let (size, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let name = |s: &str| format!("layers.{i}.self_attn.{s}");
         let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&name(s), out, inp, held, like);
-        let kv_source = cfg.kv_source(i);
-        let kv = if kv_source == i {
-            Some(KeyValueProjections {
-                k_proj: lin("k_proj", kv_heads * d, size)?,
-                k_norm: RmsNorm::load(ckpt, &name("k_norm"), d, eps, like)?,
-                v_proj: lin("v_proj", kv_heads * d, size)?,
-            })
+        let (kv_source, q_rows, kv_rows) = (cfg.kv_source(i), heads * d, kv_heads * d);
+        let owner = kv_source == i;
+        let (q, k, v) = (name("q_proj"), name("k_proj"), name("v_proj"));
+        let projections = if !owner {
+            Projections::Query(lin("q_proj", q_rows, size)?)
+        } else if let Some(qkv) = ckpt.held_stacked(&[(&q, q_rows), (&k, kv_rows), (&v, kv_rows)], size, held)? {
+            Projections::Stacked { qkv, q_rows, kv_rows }
         } else {
-            None
+            Projections::Apart {
+                q: lin("q_proj", q_rows, size)?,
+                k: lin("k_proj", kv_rows, size)?,
+                v: lin("v_proj", kv_rows, size)?,
+            }
         };
         Ok(Attention {
             layer: i as usize,
             kv_source: kv_source as usize,
             head_dim: d,
-            q_proj: lin("q_proj", heads * d, size)?,
+            projections,
             q_norm: RmsNorm::load(ckpt, &name("q_norm"), d, eps, like)?,
-            kv,
+            k_norm: if owner { Some(RmsNorm::load(ckpt, &name("k_norm"), d, eps, like)?) } else { None },
             v_norm: RmsNorm { weight: None, eps },
             o_proj: lin("o_proj", size, heads * d)?,
         })
     }
 
     fn forward(&self, x: &Tensor, rotation: &Rotation, slots: &Slots, cache: &mut Cache) -> Result<Tensor> {
-        let heads = |w: &Linear| -> Result<Tensor> {
-            Ok(linear(Part::QkvProjections, x, w)?.f_view([x.size()[0], -1, self.head_dim])?)
+        let project = |w: &Linear| linear(Part::QkvProjections, x, w);
+        let (q, kv) = match &self.projections {
+            Projections::Query(q) => (project(q)?, None),
+            Projections::Apart { q, k, v } => (project(q)?, Some((project(k)?, project(v)?))),
+            Projections::Stacked { qkv, q_rows, kv_rows } => {
+                let all = project(qkv)?;
+                let rows = |start: i64, n: i64| all.f_narrow(-1, start, n);
+                (rows(0, *q_rows)?, Some((rows(*q_rows, *kv_rows)?, rows(q_rows + kv_rows, *kv_rows)?)))
+            }
         };
-        let q = self.q_norm.rotated(&heads(&self.q_proj)?, rotation)?;
-        if let Some(kv) = &self.kv {
-            let k = kv.k_norm.rotated(&heads(&kv.k_proj)?, rotation)?;
-            let v = self.v_norm.forward(&heads(&kv.v_proj)?)?;
+        let heads = |t: &Tensor| t.f_view([x.size()[0], -1, self.head_dim]);
+        let q = self.q_norm.rotated(&heads(&q)?, rotation)?;
+        if let (Some((k, v)), Some(k_norm)) = (kv, &self.k_norm) {
+            let k = k_norm.rotated(&heads(&k)?, rotation)?;
+            let v = self.v_norm.forward(&heads(&v)?)?;
             timed(Part::CacheWrite, 0, || cache.write(self.layer, slots, &k, &v))?;
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
@@ -360,7 +386,7 @@ impl Mlp {
         let (size, ff) = (cfg.hidden_size, cfg.intermediate(i));
         let name = |s: &str| format!("layers.{i}.mlp.{s}");
         let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&name(s), out, inp, held, like);
-        let gate_up = match ckpt.held_stacked(&[&name("gate_proj"), &name("up_proj")], ff, size, held)? {
+        let gate_up = match ckpt.held_stacked(&[(&name("gate_proj"), ff), (&name("up_proj"), ff)], size, held)? {
             Some(both) => GateUp::Stacked { both, ff },
             None => GateUp::Apart { gate: lin("gate_proj", ff, size)?, up: lin("up_proj", ff, size)? },
         };
@@ -802,15 +828,12 @@ impl Gemma {
         let mut norms = norm(&inputs.projection_norm) + norm(&self.norm);
         for l in &self.layers {
             let (a, mlp, pli) = (&l.attention, &l.mlp, &l.per_layer_input);
-            let all = [&a.q_proj, &a.o_proj, &pli.gate, &pli.projection].into_iter().chain(mlp.linears());
-            linears += all.map(Linear::bytes).sum::<i64>();
+            let all = a.projections.linears().into_iter().chain([&a.o_proj, &pli.gate, &pli.projection]);
+            linears += all.chain(mlp.linears()).map(Linear::bytes).sum::<i64>();
             let layer_norms = [&l.input_norm, &a.q_norm, &l.post_attention_norm, &l.pre_feedforward_norm];
             let more = [&l.post_feedforward_norm, &l.post_per_layer_input_norm];
             norms += layer_norms.into_iter().chain(more).map(norm).sum::<i64>() + bytes(&l.layer_scalar);
-            if let Some(kv) = &a.kv {
-                linears += kv.k_proj.bytes() + kv.v_proj.bytes();
-                norms += norm(&kv.k_norm);
-            }
+            norms += a.k_norm.as_ref().map_or(0, norm);
         }
         ReadWhole { linears, head: self.lm_head.bytes(), norms }
     }

@@ -224,17 +224,18 @@ impl Checkpoint {
     }
     // --8<-- [end:held]
 
-    /// The linears `modules`, each `[out, in]`, as one with their rows stacked, where they are packed and kept 4-bit
-    /// on one of this step's kernels (`Held::stacking_kernel`); else None, and the caller holds each as
-    /// `held_linear` does.
-    pub fn held_stacked(&self, modules: &[&str], out: i64, inp: i64, held: &Held) -> Result<Option<Linear>> {
+    /// The linears `modules`, each `(name, out)` of `[out, inp]`, as one with their rows stacked in that order, where
+    /// they are packed and kept 4-bit on one of this step's kernels (`Held::stacking_kernel`); else None, and the
+    /// caller holds each as `held_linear` does.
+    pub fn held_stacked(&self, modules: &[(&str, i64)], inp: i64, held: &Held) -> Result<Option<Linear>> {
         let Some(kernel) = held.stacking_kernel() else { return Ok(None) };
-        let packed = modules.iter().all(|m| self.has(&format!("{m}.weight_packed")));
-        if !packed || refuses(out, inp, self.config.group_size.unwrap_or(0)).is_some() {
+        let packed = modules.iter().all(|(m, _)| self.has(&format!("{m}.weight_packed")));
+        let group = self.config.group_size.unwrap_or(0);
+        if !packed || modules.iter().any(|&(_, out)| refuses(out, inp, group).is_some()) {
             return Ok(None);
         }
-        let parts = modules.iter().map(|m| self.packed(m, out, inp)).collect::<Result<Vec<_>>>()?;
-        let names = modules.iter().map(|m| self.where_(m)).collect::<Vec<_>>().join(" and ");
+        let parts = modules.iter().map(|&(m, out)| self.packed(m, out, inp)).collect::<Result<Vec<_>>>()?;
+        let names = modules.iter().map(|(m, _)| self.where_(m)).collect::<Vec<_>>().join(" and ");
         Ok(Some(held.own(&names, &parts.iter().collect::<Vec<_>>(), kernel)?))
     }
 }
