@@ -24,10 +24,11 @@ def kv_bytes_per_token(cfg: TextConfig, ctx: int, prompt_len: int, steps: int, d
     ring = 2 * cfg.sliding_window
     total = 0
     for pos in positions:
-        full = decode_slots_for(pos, cfg.sliding_window, ctx, decode_slots)
-        sliding = min(full, ring) if sliding_slots == "bucket" else ring
         if kv_read == "seen":
             full, sliding = min(pos + 1, ctx), min(pos + 1, cfg.sliding_window)
+        else:
+            full = decode_slots_for(pos, cfg.sliding_window, ctx, decode_slots)
+            sliding = min(full, ring) if sliding_slots == "bucket" else ring
         total += sum(2 * cfg.kv_heads_of(i) * (full if cfg.is_full(i) else sliding)
                      * cfg.head_dim_of(i) * size for i in range(cfg.num_hidden_layers))
     return total / max(len(positions), 1)

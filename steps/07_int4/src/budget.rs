@@ -97,6 +97,11 @@ fn switch(part: Part) -> Option<Part> {
     })
 }
 
+/// Whether a budget is being taken on this thread: for counts only a budget needs, kept off a decode step's path.
+pub fn taking() -> bool {
+    TAKING.with_borrow(Option::is_some)
+}
+
 // --8<-- [start:timed]
 /// Runs `work` as part `part`, which reads `bytes` (as stored) to do it.
 pub fn timed<T>(part: Part, bytes: i64, work: impl FnOnce() -> T) -> T {

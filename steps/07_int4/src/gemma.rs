@@ -350,9 +350,12 @@ impl Attention {
         // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
         // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
         let own = cache.decode_attention == DecodeAttention::Own && q.size()[0] == 1;
-        // ATen's ops read every slot attended over (narrowed views), the own call only those the query sees
-        let read = (bytes(&seen.keys) + bytes(&seen.values)) * if own { slots.visible } else { slots.seen }
-            / slots.seen.max(1);
+        // ATen's ops read every slot attended over (narrowed views), the own call only those the query sees: counted
+        // only while a budget is taken, so a decode step does not pay for the count
+        let mut read = bytes(&seen.keys) + bytes(&seen.values);
+        if own && budget::taking() {
+            read = read * slots.masked.f_logical_not()?.f_sum(Kind::Int64)?.f_int64_value(&[])? / slots.seen.max(1);
+        }
         let out = timed(Part::Attention, read, || {
             if own {
                 attend_one(&q, &seen.keys, &seen.values, &slots.masked)
@@ -583,8 +586,6 @@ struct Slots {
     seen: i64,
     /// bool `[tokens, seen]`: true where a query must not see a slot (empty, in its future, or out of window).
     masked: Tensor,
-    /// The slots one token's query sees (a decode step's); `seen` for a prompt chunk.
-    visible: i64,
 }
 
 impl Cache {
@@ -680,9 +681,7 @@ impl Cache {
                 // key k is visible to query q iff q - window < k <= q
                 visible = visible.f_logical_and(&key.f_gt_tensor(&query.f_sub_scalar(window)?)?)?;
             }
-            let one = pos.size()[0] == 1;
-            let count = if one { visible.f_sum(Kind::Int64)?.f_int64_value(&[])? } else { seen };
-            Ok(Slots { written, seen, masked: visible.f_logical_not()?, visible: count })
+            Ok(Slots { written, seen, masked: visible.f_logical_not()? })
         })
     }
 

@@ -46,6 +46,21 @@ def covers_the_steps(engine):
     assert read["norms, rotary, residuals, the rest"] == 0 and read["sampling (argmax)"] == 0
 
 
+def test_attention_is_counted_by_the_slots_it_reads(tiny):
+    def attention(engine, n):  # bytes of one decode step after n prompt tokens
+        return {name: b for name, _, b in engine.decode_budget(IDS[:n], 1)["parts"]}["attention over the cache"]
+
+    try:
+        own = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="own")
+    except NotImplementedError as why:
+        pytest.skip(str(why))
+    aten = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="aten")
+    # after n tokens every layer's query sees n + 1 slots (the tiny window is 16): the own call reads those, ATen's
+    # ops every slot of the bucket, the same after 5 tokens as after 6
+    assert attention(own, 5) * 7 == attention(own, 6) * 6
+    assert attention(aten, 5) == attention(aten, 6) > attention(own, 6) > 0
+
+
 def test_bad_steps_name_the_argument(tiny):
     engine = torchtpu_int4.Engine(tiny / "text", None, torch.empty(0), 64)
     for steps in (0, 64):
