@@ -4,8 +4,8 @@
 //! work: one thread-local flag read.
 //!
 //! A part's time is its own: work timed inside another part (a projection inside attention) counts for the inner
-//! part only, and the time between the named parts of a pass — norms, rotary, residual adds, the small ops that
-//! glue them — goes to `Part::Rest`. Every op here is synchronous on a CPU, so a clock read after it is its end.
+//! part only, and the time between the named parts of a pass — the views and small ops that glue them, the Rust
+//! between — goes to `Part::Rest`. Every op here is synchronous on a CPU, so a clock read after it is its end.
 use std::cell::RefCell;
 use std::time::Instant;
 
@@ -28,14 +28,20 @@ pub enum Part {
     PerLayerInput,
     /// The output head: 262,144 × 1536 at E2B.
     Head,
+    /// The RMS norms, each in one call with what follows it: the rotary embedding of q and k, a branch's residual add,
+    /// the layer scalar.
+    Norms,
+    /// `gelu_tanh(gate) · up` in a call of its own: the per-layer input's, and the feed-forward block's where the
+    /// gate/up product does not compute it on its way out (dot4.rs' `gelu_of_halves`; then it is gate/up's time).
+    Gelu,
     /// Picking the next token (argmax of the logits) and the step's own bookkeeping.
     Sampling,
-    /// Everything else inside the pass: norms, rotary, residual adds, the layer scalar, the softcap.
+    /// Everything else inside the pass: the views and small ops that glue the parts, the softcap, the Rust between.
     Rest,
 }
 
 impl Part {
-    pub const ALL: [Part; 12] = [
+    pub const ALL: [Part; 14] = [
         Part::Gathers,
         Part::PerLayerModelProjection,
         Part::CacheWrite,
@@ -46,6 +52,8 @@ impl Part {
         Part::DownProjection,
         Part::PerLayerInput,
         Part::Head,
+        Part::Norms,
+        Part::Gelu,
         Part::Sampling,
         Part::Rest,
     ];
@@ -62,8 +70,10 @@ impl Part {
             Part::DownProjection => "down projection",
             Part::PerLayerInput => "per-layer input gate and projection",
             Part::Head => "output head",
+            Part::Norms => "norms (with rotary, residual adds)",
+            Part::Gelu => "gelu(gate) times up, where not fused",
             Part::Sampling => "sampling (argmax)",
-            Part::Rest => "norms, rotary, residuals, the rest",
+            Part::Rest => "the rest (views, the step's glue)",
         }
     }
 }

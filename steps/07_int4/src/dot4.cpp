@@ -19,6 +19,7 @@
 // turned into the sum over q - 8 (the stored nibble is q + 8, see int4.rs) by taking off 136 times the group's
 // activation sum, then scaled: y[n] = Σ_g scale[n, g] · (Σ_k (128 + nibble) · x[k] − 136 · Σ_k x[k]).
 #include "bf16.h"
+#include "gelu.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -88,29 +89,56 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
-              int64_t group) {
+              int64_t group, int gelu_lanes) {
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> corr(M * groups);
   for (int64_t m = 0; m < M; ++m)
     group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups, [](int64_t, float v) { return v; });
+  // Rows m..m+rows of block b's outputs, into y with rows `stride` apart.
+  auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* y, int64_t stride) {
+    const int32_t* wb = w + b * (K / 8) * 16;
+    const uint16_t* sb = s + b * groups * 16;
+    const uint16_t* xm = x + m * K;
+    const float* cm = corr.data() + m * groups;
+    switch (rows) {
+      case 1: block<1, F16>(xm, K, cm, groups, wb, sb, group, y, stride); break;
+      case 2: block<2, F16>(xm, K, cm, groups, wb, sb, group, y, stride); break;
+      case 3: block<3, F16>(xm, K, cm, groups, wb, sb, group, y, stride); break;
+      default: block<4, F16>(xm, K, cm, groups, wb, sb, group, y, stride); break;
+    }
+  };
   // each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next block, so a
   // prompt chunk reads each weight from memory once
-  at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
+  if (gelu_lanes == 0) {
+    at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / tiles, m = (i % tiles) * 4;
+        outputs(b, m, std::min<int64_t>(4, M - m), y + m * N + b * 16, N);
+      }
+    });
+    return;
+  }
+  // --8<-- [start:gelu]
+  // [gate; up] held in pairs (dot4.rs' Stacking::Pairs): blocks 2b and 2b + 1 are gate's and up's rows 16b..16b+15.
+  // Both products rounded to bf16 as any product's outputs, then gelu_tanh(gate) · up on their way out (gelu.h:
+  // tanh.cpp's bits), so y [M, N / 2] is all that is written
+  const int64_t pairs = blocks / 2;
+  at::parallel_for(0, pairs * tiles, 0, [&](int64_t begin, int64_t end) {
+    uint16_t gate[4 * 16], up[4 * 16];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
-      const int32_t* wb = w + b * (K / 8) * 16;
-      const uint16_t* sb = s + b * groups * 16;
-      const uint16_t* xm = x + m * K;
-      const float* cm = corr.data() + m * groups;
-      uint16_t* ym = y + m * N + b * 16;
-      switch (rows) {
-        case 1: block<1, F16>(xm, K, cm, groups, wb, sb, group, ym, N); break;
-        case 2: block<2, F16>(xm, K, cm, groups, wb, sb, group, ym, N); break;
-        case 3: block<3, F16>(xm, K, cm, groups, wb, sb, group, ym, N); break;
-        default: block<4, F16>(xm, K, cm, groups, wb, sb, group, ym, N); break;
+      outputs(2 * b, m, rows, gate, 16);
+      outputs(2 * b + 1, m, rows, up, 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* yr = y + (m + r) * (N / 2) + b * 16;
+        if (gelu_lanes == 16)
+          gelu::gelu_wide(gate + r * 16, up + r * 16, yr, 0, 16);
+        else
+          gelu::gelu_narrow(gate + r * 16, up + r * 16, yr, 0, 16);
       }
     }
   });
+  // --8<-- [end:gelu]
 }
 
 }  // namespace
@@ -121,8 +149,9 @@ extern "C" bool torchtpu_dot4_supported() {
 }
 
 // y [M, N] = x [M, K] · Wᵀ, x and y bf16, the scales s bf16 or (f16_scales) f16; shapes checked by dot4.rs (N % 16,
-// K % group, group % 8).
+// K % group, group % 8). With gelu_lanes 16 or 8, W is [gate; up] in pairs of blocks and y [M, N / 2] = gelu_tanh(x ·
+// gateᵀ) · (x · upᵀ), the gelu in 16- or 8-lane registers as ATen's AVX-512 or AVX2 build computes it.
 extern "C" void torchtpu_dot4_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
-                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group) {
-  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group);
+                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes) {
+  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group, gelu_lanes);
 }

@@ -22,15 +22,17 @@ use std::sync::Arc;
 use memmap2::MmapMut;
 use tch::{Device, Kind, Tensor};
 
-use crate::cpu;
+use crate::cpu::{self, Isa};
 use crate::error::{invalid, Error, Result};
 use crate::packed::{refuses, Packed, REPACK_ROWS};
 use crate::pages::Arena;
+use crate::tanh;
 
-type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64);
+type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64, i32);
 
 extern "C" {
-    // s: the scales, f16 where f16_scales, else bf16
+    // s: the scales, f16 where f16_scales, else bf16; gelu_lanes 0, or 16 / 8: y the gelu of the first half of the
+    // outputs times the second, in ATen's AVX-512 / AVX2 bits (dot4.cpp)
     fn torchtpu_dot4_mm(
         x: *const u16,
         w: *const i32,
@@ -41,6 +43,7 @@ extern "C" {
         n: i64,
         k: i64,
         group: i64,
+        gelu_lanes: i32,
     );
     fn torchtpu_fma4_mm(
         x: *const u16,
@@ -52,6 +55,7 @@ extern "C" {
         n: i64,
         k: i64,
         group: i64,
+        gelu_lanes: i32,
     );
     // panels.cpp: `blocks` blocks of 16 rows back to bf16 weights, into wt [k, 16 · blocks]
     fn torchtpu_unpack_panel(
@@ -134,17 +138,38 @@ pub struct Dot4Linear {
     scales: Tensor,
     group: i64,
     kernel: Kernel,
+    stacking: Stacking,
     /// The memory `words` and `scales` are views of, kept as long as they are.
     _pages: Arc<MmapMut>,
 }
 
+/// How `Dot4Linear::new` lays several matrices of one input in one linear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stacking {
+    /// Row after row: `forward` gives each matrix's outputs where its rows are (q, k and v; one matrix alone).
+    Rows,
+    /// Two matrices of one height, `[gate; up]`, a 16-row block of gate's then the same block of up's: read together
+    /// by `gelu_of_halves`, which gives `gelu_tanh(gate) · up` and nothing else.
+    Pairs,
+}
+
 impl Dot4Linear {
-    /// Re-lays the checkpoint's matrices `parts` (one, or several stacked row after row: one product of one input
-    /// instead of several) for the kernel, in memory taken from `arena`, `REPACK_ROWS` rows at a time (a whole
+    /// Re-lays the checkpoint's matrices `parts` (one, or several stacked as `stacking` says: one product of one
+    /// input instead of several) for the kernel, in memory taken from `arena`, `REPACK_ROWS` rows at a time (a whole
     /// head's int32 nibbles would be 1.6 GB): the same nibbles, moved within each word and gathered into blocks of
     /// 16 rows. The kernels multiply each block alone, so a stacked part's outputs have the bits they have apart.
-    pub fn new(name: &str, parts: &[&Packed], kernel: Kernel, arena: &mut Arena) -> Result<Dot4Linear> {
+    pub fn new(
+        name: &str,
+        parts: &[&Packed],
+        stacking: Stacking,
+        kernel: Kernel,
+        arena: &mut Arena,
+    ) -> Result<Dot4Linear> {
         let first = parts.first().ok_or_else(|| invalid!("{name}: no matrix to hold"))?;
+        if stacking == Stacking::Pairs && (parts.len() != 2 || parts[1].out_rows() != first.out_rows()) {
+            let heights = parts.iter().map(|w| w.out_rows()).collect::<Vec<_>>();
+            return Err(invalid!("{name}: paired blocks need two matrices of one height, got heights {heights:?}"));
+        }
         let (cols, groups, kind) = (first.cols(), first.groups(), first.scale().kind());
         let group = cols / groups;
         for w in parts {
@@ -167,9 +192,16 @@ impl Dot4Linear {
         }
         let blocks = parts.iter().map(|w| w.out_rows() / 16).sum::<i64>();
         let (pages, words, scales) = held_in(arena, blocks, cols / 8, groups, kind)?;
-        let mut at = 0; // in blocks of 16 rows
-        for w in parts {
+        // a paired part's blocks: every other block, from block p
+        let every_other =
+            |t: &Tensor, p: usize| -> Result<Tensor> { Ok(t.f_unflatten(0, [blocks / 2, 2])?.f_select(1, p as i64)?) };
+        let mut at = 0; // the part's first block, where stacked by rows
+        for (p, w) in parts.iter().enumerate() {
             let rows = w.out_rows();
+            let (words_to, scales_to, first) = match stacking {
+                Stacking::Rows => (words.shallow_clone(), scales.shallow_clone(), at),
+                Stacking::Pairs => (every_other(&words, p)?, every_other(&scales, p)?, 0),
+            };
             let mut start = 0;
             while start < rows {
                 let n = REPACK_ROWS.min(rows - start);
@@ -180,17 +212,53 @@ impl Dot4Linear {
                         .f_bitwise_or_tensor(&nibbles.f_select(2, j)?.f_bitwise_left_shift_tensor_scalar(bit(j))?)?;
                 }
                 let moved = moved.f_view([n / 16, 16, cols / 8])?.f_transpose(1, 2)?;
-                words.f_narrow(0, at + start / 16, n / 16)?.f_copy_(&moved)?;
+                words_to.f_narrow(0, first + start / 16, n / 16)?.f_copy_(&moved)?;
                 start += n;
             }
             let by_block = w.scale().f_view([rows / 16, 16, groups])?.f_transpose(1, 2)?;
-            scales.f_narrow(0, at, rows / 16)?.f_copy_(&by_block)?;
+            scales_to.f_narrow(0, first, rows / 16)?.f_copy_(&by_block)?;
             at += rows / 16;
         }
-        Ok(Dot4Linear { words, scales, group, kernel, _pages: pages })
+        Ok(Dot4Linear { words, scales, group, kernel, stacking, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.stacking == Stacking::Pairs {
+            return Err(invalid!(
+                "{}: a paired [gate; up] gives gelu_of_halves, not its products",
+                self.kernel.symbol()
+            ));
+        }
+        let x = self.checked(x)?;
+        if self.by_panels_for(&x) {
+            self.by_panels(&x)
+        } else {
+            self.by_kernel(&x, 0)
+        }
+    }
+
+    // --8<-- [start:gelu_of_halves]
+    /// `gelu_tanh(gate) · up` `[tokens, rows / 2]` for `[gate; up]` held in pairs (`Stacking::Pairs`): the bits of
+    /// their products and tanh.rs' `gelu_times` on them, in one call — the kernel computes a gate block and its up
+    /// block one after the other and the gelu on their way out, so a decode step neither writes the 2 × 12,288
+    /// products nor reads them back, and the gelu is shared between the threads with the blocks.
+    pub fn gelu_of_halves(&self, x: &Tensor) -> Result<Tensor> {
+        if self.stacking != Stacking::Pairs {
+            return Err(invalid!("{}: gelu_of_halves needs [gate; up] held in pairs", self.kernel.symbol()));
+        }
+        let x = self.checked(x)?;
+        if self.by_panels_for(&x) {
+            // a prompt chunk's product on AMX (its columns a block of gate's, a block of up's, ...), then the gelu
+            let both = self.by_panels(&x)?.f_unflatten(1, [-1, 2, 16])?;
+            let half = |p: i64| both.f_select(2, p)?.f_flatten(1, 2);
+            return tanh::gelu_times(&half(0)?, &half(1)?);
+        }
+        self.by_kernel(&x, if cpu::aten_isa() == Isa::Avx512 { 16 } else { 8 })
+    }
+    // --8<-- [end:gelu_of_halves]
+
+    /// x as the kernels take it: contiguous 2-D bf16 `[tokens, cols]` on the CPU, or an error naming what it is.
+    fn checked(&self, x: &Tensor) -> Result<Tensor> {
         let cols = self.words.size()[1] * 8;
         if x.kind() != Kind::BFloat16 || x.dim() != 2 || x.size()[1] != cols || x.device() != Device::Cpu {
             return Err(invalid!(
@@ -201,23 +269,25 @@ impl Dot4Linear {
                 x.device()
             ));
         }
-        let x = x.f_contiguous()?;
-        if self.kernel == Kernel::Dot4 && x.size()[0] >= PANEL_MIN_ROWS && cpu::panels_run() {
-            self.by_panels(&x)
-        } else {
-            self.by_kernel(&x)
-        }
+        Ok(x.f_contiguous()?)
     }
 
-    /// `x · Wᵀ` by the kernel itself. x is contiguous bf16 [m, cols] (checked by `forward`).
-    fn by_kernel(&self, x: &Tensor) -> Result<Tensor> {
+    /// Whether x's product goes by panels: dot4's, from `PANEL_MIN_ROWS` rows, where AMX runs.
+    fn by_panels_for(&self, x: &Tensor) -> bool {
+        self.kernel == Kernel::Dot4 && x.size()[0] >= PANEL_MIN_ROWS && cpu::panels_run()
+    }
+
+    /// `x · Wᵀ` by the kernel itself, or with `gelu_lanes` 16 or 8 `gelu_of_halves` (in the lanes ATen's gelu
+    /// computes in). x is contiguous bf16 [m, cols] (`checked`).
+    fn by_kernel(&self, x: &Tensor, gelu_lanes: i32) -> Result<Tensor> {
         let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
         let (rows, cols, m) = (blocks * 16, octets * 8, x.size()[0]);
-        let y = Tensor::f_empty([m, rows], (Kind::BFloat16, Device::Cpu))?;
+        let outputs = if gelu_lanes == 0 { rows } else { rows / 2 };
+        let y = Tensor::f_empty([m, outputs], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
-            // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, rows], words and scales contiguous in the layout
+            // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, outputs], words and scales contiguous in the layout
             // above (made in `new`), all on the host; shapes checked here and in `new` (rows % 16, cols % group,
-            // group % 8), which is all the kernels assume; `new` checked that this one runs here.
+            // group % 8), which is all the kernels assume; `new` checked that this one runs here, and with it the AVX2 (or AVX-512) the gelu's lanes need.
             unsafe {
                 (self.kernel.multiply())(
                     x.data_ptr() as *const u16,
@@ -229,6 +299,7 @@ impl Dot4Linear {
                     rows,
                     cols,
                     self.group,
+                    gelu_lanes,
                 );
             }
         }
@@ -303,7 +374,7 @@ mod tests {
 
     /// One matrix held for `kernel`, in an arena of its own.
     fn alone(name: &str, w: &Packed, kernel: Kernel) -> Result<Dot4Linear> {
-        Dot4Linear::new(name, &[w], kernel, &mut Arena::new())
+        Dot4Linear::new(name, &[w], Stacking::Rows, kernel, &mut Arena::new())
     }
 
     /// This step's kernels that run here (under the AVX2 limit: fma4 alone; on an AVX2-only CPU: fma4).
@@ -454,7 +525,7 @@ mod tests {
             // gate and up (two alike), or q, k and v (one taller than the other two)
             let (a, b, c) = (random_matrix(96, 192, 1), random_matrix(48, 192, 2), random_matrix(48, 192, 5));
             let mut arena = Arena::new();
-            let all = Dot4Linear::new("a, b and c", &[&a, &b, &c], kernel, &mut arena).unwrap();
+            let all = Dot4Linear::new("a, b and c", &[&a, &b, &c], Stacking::Rows, kernel, &mut arena).unwrap();
             let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
             assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
             // a decode step's row, a short prompt's, and a chunk that goes by panels where they run
@@ -466,12 +537,58 @@ mod tests {
             // matrices that cannot be one are named: other widths, or none at all
             let narrow = random_matrix(16, 64, 3);
             let Err(Error::Invalid(msg)) =
-                Dot4Linear::new("a and c", &[&random_matrix(16, 192, 4), &narrow], kernel, &mut arena)
+                Dot4Linear::new("a and c", &[&random_matrix(16, 192, 4), &narrow], Stacking::Rows, kernel, &mut arena)
             else {
                 panic!("{kernel:?}: 192 and 64 columns must be refused");
             };
             assert!(msg.starts_with("a and c: stacked matrices differ"), "{msg}");
-            assert!(Dot4Linear::new("nothing", &[], kernel, &mut arena).is_err());
+            assert!(Dot4Linear::new("nothing", &[], Stacking::Rows, kernel, &mut arena).is_err());
+        }
+    }
+
+    #[test]
+    fn paired_gate_and_up_give_the_bits_of_their_products_then_the_gelu() {
+        for kernel in kernels_here() {
+            // rows in 64s, where ATen's gelu has no scalar tail (tanh.rs' `whole_steps`)
+            for (rows, cols, scale_kind) in
+                [(64, 192, Kind::BFloat16), (64, 64, Kind::Half), (128, 256, Kind::BFloat16)]
+            {
+                let gate = random_matrix_scaled_in(rows, cols, 6, scale_kind);
+                let up = random_matrix_scaled_in(rows, cols, 7, scale_kind);
+                let mut arena = Arena::new();
+                let paired =
+                    Dot4Linear::new("gate and up", &[&gate, &up], Stacking::Pairs, kernel, &mut arena).unwrap();
+                let [gate, up] = [("gate", &gate), ("up", &up)].map(|(name, w)| alone(name, w, kernel).unwrap());
+                assert_eq!(paired.bytes(), gate.bytes() + up.bytes());
+                // a decode step's row, a short prompt's (rows in tiles of 4 and a remainder), one by panels where
+                // they run; activations large enough that the gelu's tanh saturates on some outputs
+                for m in [1, 5, PANEL_MIN_ROWS] {
+                    for scale in [1.0, 40.0] {
+                        let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * scale).to_kind(Kind::BFloat16);
+                        let apart = gate.forward(&x).unwrap().gelu("tanh") * up.forward(&x).unwrap(); // ATen's ops
+                        let together = paired.gelu_of_halves(&x).unwrap();
+                        assert_eq!(together.size(), [m, rows]);
+                        let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
+                        assert!(bits(&together).equal(&bits(&apart)), "{kernel:?}, [{rows} x {cols}], m={m}, x{scale}");
+                    }
+                }
+                // a pair gives the gelu's product only; one of another height, or a lone matrix, is no pair
+                let Err(Error::Invalid(msg)) = paired.forward(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu)))
+                else {
+                    panic!("{kernel:?}: the products of a pair must be refused");
+                };
+                assert!(msg.contains("gelu_of_halves"), "{msg}");
+                let short = random_matrix(rows + 16, cols, 8);
+                let taller = Dot4Linear::new(
+                    "gate and taller",
+                    &[&random_matrix(rows, cols, 9), &short],
+                    Stacking::Pairs,
+                    kernel,
+                    &mut arena,
+                );
+                assert!(matches!(taller, Err(Error::Invalid(msg)) if msg.contains("two matrices of one height")));
+                assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
+            }
         }
     }
 

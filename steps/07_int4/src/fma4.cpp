@@ -16,6 +16,7 @@
 // output), so the 2^-24 never takes a small activation below float32's normal range: every product is exact for
 // activations within 2^133 of their row's largest.
 #include "bf16.h"
+#include "gelu.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -128,7 +129,7 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
-              int64_t group) {
+              int64_t group, int gelu_lanes) {
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> xs(M * K), corr(M * groups), unscale(M);
   float factor[8];
@@ -150,21 +151,44 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
       return v;
     });
   }
+  // Rows m..m+rows of block b's outputs, into y with rows `stride` apart.
+  auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* y, int64_t stride) {
+    const int32_t* wb = w + b * (K / 8) * 16;
+    const uint16_t* sb = s + b * groups * 16;
+    const float* xm = xs.data() + m * K;
+    const float* cm = corr.data() + m * groups;
+    const float* um = unscale.data() + m;
+    switch (rows) {
+      case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
+      case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
+      case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
+      default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
+    }
+  };
   // as dot4: each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next
-  at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
+  if (gelu_lanes == 0) {
+    at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / tiles, m = (i % tiles) * 4;
+        outputs(b, m, std::min<int64_t>(4, M - m), y + m * N + b * 16, N);
+      }
+    });
+    return;
+  }
+  // as dot4: [gate; up] in pairs of blocks, the gelu of gate's times up's on their way out
+  const int64_t pairs = blocks / 2;
+  at::parallel_for(0, pairs * tiles, 0, [&](int64_t begin, int64_t end) {
+    uint16_t gate[4 * 16], up[4 * 16];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
-      const int32_t* wb = w + b * (K / 8) * 16;
-      const uint16_t* sb = s + b * groups * 16;
-      const float* xm = xs.data() + m * K;
-      const float* cm = corr.data() + m * groups;
-      const float* um = unscale.data() + m;
-      uint16_t* ym = y + m * N + b * 16;
-      switch (rows) {
-        case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
-        default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, ym, N); break;
+      outputs(2 * b, m, rows, gate, 16);
+      outputs(2 * b + 1, m, rows, up, 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* yr = y + (m + r) * (N / 2) + b * 16;
+        if (gelu_lanes == 16)
+          gelu::gelu_wide(gate + r * 16, up + r * 16, yr, 0, 16);
+        else
+          gelu::gelu_narrow(gate + r * 16, up + r * 16, yr, 0, 16);
       }
     }
   });
@@ -177,8 +201,8 @@ extern "C" bool torchtpu_fma4_supported() {
 }
 
 // y [M, N] = x [M, K] · Wᵀ, x and y bf16, the scales s bf16 or (f16_scales) f16; shapes checked by dot4.rs (N % 16,
-// K % group, group % 8).
+// K % group, group % 8). gelu_lanes as torchtpu_dot4_mm's.
 extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
-                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group) {
-  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group);
+                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes) {
+  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group, gelu_lanes);
 }

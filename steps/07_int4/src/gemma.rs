@@ -17,6 +17,7 @@ use crate::attend::{attend_one, DecodeAttention};
 use crate::bridge::on;
 use crate::budget::{self, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
+use crate::dot4::Stacking;
 use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
 use crate::norm::{self, After};
@@ -105,10 +106,12 @@ fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
 
 /// `gelu_tanh(gate) · other`: in one call on the CPU (tanh.rs, the same bits), else in ATen's two ops.
 fn gelu_times(gate: &Tensor, other: &Tensor) -> Result<Tensor> {
-    if tanh::gelu_takes(gate, other) {
-        return tanh::gelu_times(gate, other);
-    }
-    Ok(gate.f_gelu("tanh")?.f_mul(other)?)
+    timed(Part::Gelu, 0, || {
+        if tanh::gelu_takes(gate, other) {
+            return tanh::gelu_times(gate, other);
+        }
+        Ok(gate.f_gelu("tanh")?.f_mul(other)?)
+    })
 }
 
 /// A python-style scalar rounded to the compute dtype first, as Transformers' `tensor(s).to(dtype)` does.
@@ -133,7 +136,7 @@ impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
             // the same bits in one call (norm.rs)
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Nothing);
+            return timed(Part::Norms, 0, || norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Nothing));
         }
         self.forward_in_ops(x)
     }
@@ -141,7 +144,7 @@ impl RmsNorm {
     /// `residual + forward(x)`: a residual branch's norm and add, in one call on the CPU (norm.rs).
     fn added_to(&self, residual: &Tensor, x: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Added(residual));
+            return timed(Part::Norms, 0, || norm::rms_norm(x, self.weight.as_ref(), self.eps, After::Added(residual)));
         }
         Ok(residual.f_add(&self.forward_in_ops(x)?)?)
     }
@@ -149,7 +152,8 @@ impl RmsNorm {
     /// `(residual + forward(x)) · scale`: the same, then the layer scalar, in one call on the CPU (norm.rs).
     fn added_to_then_scaled(&self, residual: &Tensor, x: &Tensor, scale: &Tensor) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) && scale.kind() == x.kind() && scale.size() == [1] {
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, After::AddedScaled(residual, scale));
+            let after = After::AddedScaled(residual, scale);
+            return timed(Part::Norms, 0, || norm::rms_norm(x, self.weight.as_ref(), self.eps, after));
         }
         Ok(residual.f_add(&self.forward_in_ops(x)?)?.f_mul(scale)?)
     }
@@ -158,7 +162,7 @@ impl RmsNorm {
     fn rotated(&self, x: &Tensor, rotation: &Rotation) -> Result<Tensor> {
         if norm::takes(x, self.weight.as_ref()) {
             let after = After::Rotated { cos: &rotation.cos, sin: &rotation.sin };
-            return norm::rms_norm(x, self.weight.as_ref(), self.eps, after);
+            return timed(Part::Norms, 0, || norm::rms_norm(x, self.weight.as_ref(), self.eps, after));
         }
         rotation.rotate(&self.forward_in_ops(x)?)
     }
@@ -306,7 +310,9 @@ impl Attention {
         let (q, k, v) = (name("q_proj"), name("k_proj"), name("v_proj"));
         let projections = if !owner {
             Projections::Query(lin("q_proj", q_rows, size)?)
-        } else if let Some(qkv) = ckpt.held_stacked(&[(&q, q_rows), (&k, kv_rows), (&v, kv_rows)], size, held)? {
+        } else if let Some(qkv) =
+            ckpt.held_stacked(&[(&q, q_rows), (&k, kv_rows), (&v, kv_rows)], size, Stacking::Rows, held)?
+        {
             Projections::Stacked { qkv, q_rows, kv_rows }
         } else {
             Projections::Apart {
@@ -379,9 +385,9 @@ struct Mlp {
 enum GateUp {
     /// Dense, or on ATen's int4 kernel: apart, as step 03 holds them.
     Apart { gate: Linear, up: Linear },
-    /// On this step's kernels: `[gate; up]` stacked, one call instead of two (`Held::own`: the same bits
-    /// row for row), its first `ff` outputs gate's.
-    Stacked { both: Linear, ff: i64 },
+    /// On this step's kernels: `[gate; up]` held in pairs of blocks, one call instead of three that returns
+    /// `gelu_tanh(gate) · up` (`Linear::gelu_of_halves`: the same bits as the products and the gelu apart).
+    Stacked(Linear),
 }
 
 impl Mlp {
@@ -389,30 +395,36 @@ impl Mlp {
         let (size, ff) = (cfg.hidden_size, cfg.intermediate(i));
         let name = |s: &str| format!("layers.{i}.mlp.{s}");
         let lin = |s: &str, out: i64, inp: i64| ckpt.held_linear(&name(s), out, inp, held, like);
-        let gate_up = match ckpt.held_stacked(&[(&name("gate_proj"), ff), (&name("up_proj"), ff)], size, held)? {
-            Some(both) => GateUp::Stacked { both, ff },
+        let (gate, up) = (name("gate_proj"), name("up_proj"));
+        // paired where the gelu on the kernel's way out has ATen's bits (rows in ATen's whole vector steps)
+        let paired = if tanh::whole_steps(ff) {
+            ckpt.held_stacked(&[(&gate, ff), (&up, ff)], size, Stacking::Pairs, held)?
+        } else {
+            None
+        };
+        let gate_up = match paired {
+            Some(both) => GateUp::Stacked(both),
             None => GateUp::Apart { gate: lin("gate_proj", ff, size)?, up: lin("up_proj", ff, size)? },
         };
         Ok(Mlp { gate_up, down_proj: lin("down_proj", size, ff)? })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (gate, up) = match &self.gate_up {
+        let mixed = match &self.gate_up {
             GateUp::Apart { gate, up } => {
-                (linear(Part::GateUpProjections, x, gate)?, linear(Part::GateUpProjections, x, up)?)
+                let (gate, up) = (linear(Part::GateUpProjections, x, gate)?, linear(Part::GateUpProjections, x, up)?);
+                gelu_times(&gate, &up)?
             }
-            GateUp::Stacked { both, ff } => {
-                let both = linear(Part::GateUpProjections, x, both)?;
-                (both.f_narrow(-1, 0, *ff)?, both.f_narrow(-1, *ff, *ff)?)
-            }
+            // the gelu on the kernel's way out: timed with the product
+            GateUp::Stacked(both) => timed(Part::GateUpProjections, both.bytes(), || both.gelu_of_halves(x))?,
         };
-        linear(Part::DownProjection, &gelu_times(&gate, &up)?, &self.down_proj)
+        linear(Part::DownProjection, &mixed, &self.down_proj)
     }
 
     fn linears(&self) -> Vec<&Linear> {
         match &self.gate_up {
             GateUp::Apart { gate, up } => vec![gate, up, &self.down_proj],
-            GateUp::Stacked { both, .. } => vec![both, &self.down_proj],
+            GateUp::Stacked(both) => vec![both, &self.down_proj],
         }
     }
 }

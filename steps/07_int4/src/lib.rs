@@ -579,8 +579,8 @@ impl Engine {
     /// Where a decode step's time goes. Reads the prompt `ids`, then makes `steps` greedy decode steps as
     /// `generate` does, timing each part of them on its own (see the class docstring): returns {"tokens": the
     /// 1 + steps tokens, "parts": [(name, seconds, bytes)] per step on average — bytes read as stored —, "step_s":
-    /// their sum}. The parts cover the whole step: work between named parts counts as "norms, rotary, residuals,
-    /// the rest".
+    /// their sum}. The parts cover the whole step: work between named parts counts as "the rest (views, the step's
+    /// glue)".
     fn decode_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, steps: i64) -> PyResult<Bound<'py, PyDict>> {
         let ids = token_ids(ids, "decode_budget(ids)")?;
         let mut state = self.state()?;

@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use tch::{Kind, Tensor};
 
 use crate::cpu;
-use crate::dot4::{Dot4Linear, Kernel, PANEL_MIN_ROWS};
-use crate::error::Result;
+use crate::dot4::{Dot4Linear, Kernel, Stacking, PANEL_MIN_ROWS};
+use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
 use crate::pages::Arena;
@@ -100,6 +100,15 @@ impl Linear {
         }
     }
 
+    /// `gelu_tanh(gate) · up` of a `[gate; up]` held in pairs, in one call (dot4.rs); only this step's kernels
+    /// hold them so (`Held::own`).
+    pub fn gelu_of_halves(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Linear::Dot4(w) => w.gelu_of_halves(x),
+            _ => Err(invalid!("gelu_of_halves: a stacked gate/up is held on this step's kernels only")),
+        }
+    }
+
     pub fn bytes(&self) -> i64 {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
@@ -139,20 +148,20 @@ impl Held {
     pub fn int4(&self, name: &str, w: &Packed, like: &Tensor) -> Result<Linear> {
         Ok(match self.matmul.own() {
             None => Linear::Int4(Int4Linear::new(name, w, self.dtype, like)?),
-            Some(kernel) => self.own(name, &[w], kernel)?,
+            Some(kernel) => self.own(name, &[w], Stacking::Rows, kernel)?,
         })
     }
 
     /// This step's kernel, where the matrices are kept 4-bit on one: then several products of one input can be one
-    /// call on their rows stacked (`own`), every output the bits it has apart (dot4.rs). None otherwise: a dense
+    /// call on them stacked (`own`), every output the bits it has apart (dot4.rs). None otherwise: a dense
     /// product, or ATen's int4 kernel, of stacked rows may sum in another order, and `weights="bf16"` stays step
     /// 03's engine bit for bit.
     pub fn stacking_kernel(&self) -> Option<Kernel> {
         self.matmul.own().filter(|_| self.weights == Weights::Int4)
     }
 
-    /// The packed matrices `parts`, row after row, as one linear on `kernel`, in this model's arena.
-    pub fn own(&self, name: &str, parts: &[&Packed], kernel: Kernel) -> Result<Linear> {
-        Ok(Linear::Dot4(Dot4Linear::new(name, parts, kernel, &mut self.arena.borrow_mut())?))
+    /// The packed matrices `parts`, stacked as `stacking` says, as one linear on `kernel`, in this model's arena.
+    pub fn own(&self, name: &str, parts: &[&Packed], stacking: Stacking, kernel: Kernel) -> Result<Linear> {
+        Ok(Linear::Dot4(Dot4Linear::new(name, parts, stacking, kernel, &mut self.arena.borrow_mut())?))
     }
 }

@@ -15,12 +15,23 @@ extern "C" {
     fn torchtpu_softcap(x: *const u16, y: *mut u16, cap: f32, n: i64, avx512: bool);
 }
 
+/// Whether ATen's vector loop covers `n` values whole: a multiple of 64 (two AVX-512 vectors of bf16 a step), so
+/// its bits are the vector code's, with no scalar tail (whose tanh rounds otherwise). Also where dot4.rs' kernels
+/// may take the feed-forward block's gelu on their way out (gemma.rs' `Mlp::load`).
+pub fn whole_steps(n: i64) -> bool {
+    n % 64 == 0
+}
+
 /// Whether the kernels take `x`: bf16 on the CPU, with ATen's vector loop for it (AVX2 or AVX-512) and a count it
-/// covers whole (a multiple of 64: ATen's loop leaves no scalar tail).
+/// covers whole (`whole_steps`).
 fn takes(x: &Tensor) -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_tanh_supported() };
-    flags && aten_isa() >= Isa::Avx2 && x.device() == Device::Cpu && x.kind() == Kind::BFloat16 && x.numel() % 64 == 0
+    flags
+        && aten_isa() >= Isa::Avx2
+        && x.device() == Device::Cpu
+        && x.kind() == Kind::BFloat16
+        && whole_steps(x.numel() as i64)
 }
 
 /// Whether `gelu_times` takes `gate` and `up`: both as `takes` says, of one shape.

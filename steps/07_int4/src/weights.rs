@@ -18,6 +18,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
 use crate::config::Config;
+use crate::dot4::Stacking;
 use crate::error::{invalid, Error, Result};
 use crate::linear::{Held, Linear, Weights};
 use crate::packed::{refuses, Packed};
@@ -224,10 +225,16 @@ impl Checkpoint {
     }
     // --8<-- [end:held]
 
-    /// The linears `modules`, each `(name, out)` of `[out, inp]`, as one with their rows stacked in that order, where
-    /// they are packed and kept 4-bit on one of this step's kernels (`Held::stacking_kernel`); else None, and the
-    /// caller holds each as `held_linear` does.
-    pub fn held_stacked(&self, modules: &[(&str, i64)], inp: i64, held: &Held) -> Result<Option<Linear>> {
+    /// The linears `modules`, each `(name, out)` of `[out, inp]`, as one, stacked in that order as `stacking` says,
+    /// where they are packed and kept 4-bit on one of this step's kernels (`Held::stacking_kernel`); else None, and
+    /// the caller holds each as `held_linear` does.
+    pub fn held_stacked(
+        &self,
+        modules: &[(&str, i64)],
+        inp: i64,
+        stacking: Stacking,
+        held: &Held,
+    ) -> Result<Option<Linear>> {
         let Some(kernel) = held.stacking_kernel() else { return Ok(None) };
         let packed = modules.iter().all(|(m, _)| self.has(&format!("{m}.weight_packed")));
         let group = self.config.group_size.unwrap_or(0);
@@ -236,7 +243,7 @@ impl Checkpoint {
         }
         let parts = modules.iter().map(|&(m, out)| self.packed(m, out, inp)).collect::<Result<Vec<_>>>()?;
         let names = modules.iter().map(|(m, _)| self.where_(m)).collect::<Vec<_>>().join(" and ");
-        Ok(Some(held.own(&names, &parts.iter().collect::<Vec<_>>(), kernel)?))
+        Ok(Some(held.own(&names, &parts.iter().collect::<Vec<_>>(), stacking, kernel)?))
     }
 }
 
