@@ -358,10 +358,14 @@ impl Attention {
         let own = cache.decode_attention == DecodeAttention::Own && q.size()[0] == 1;
         // ATen's ops read every slot attended over (narrowed views), the own call only those the query sees: counted
         // only while a budget is taken, so a decode step does not pay for the count
-        let mut read = bytes(&seen.keys) + bytes(&seen.values);
-        if own && budget::taking() {
-            read = read * slots.masked.f_logical_not()?.f_sum(Kind::Int64)?.f_int64_value(&[])? / slots.seen.max(1);
-        }
+        let read = if !budget::taking() {
+            0
+        } else if own {
+            let visible = slots.masked.f_logical_not()?.f_sum(Kind::Int64)?.f_int64_value(&[])?;
+            (bytes(&seen.keys) + bytes(&seen.values)) * visible / slots.seen.max(1)
+        } else {
+            bytes(&seen.keys) + bytes(&seen.values)
+        };
         let out = timed(Part::Attention, read, || {
             if own {
                 attend_one(&q, &seen.keys, &seen.values, &slots.masked)
@@ -917,7 +921,7 @@ impl Gemma {
     pub fn head(&self, out: &Tensor) -> Result<Tensor> {
         let logits = linear(Part::Head, out, &self.lm_head)?;
         Ok(match self.cfg.final_logit_softcapping {
-            Some(cap) if tanh::softcap_takes(&logits) => tanh::softcap(&logits, cap)?, // the same bits in one call
+            Some(cap) if tanh::softcap_takes(&logits) => tanh::softcap(logits, cap)?, // the same bits in one call
             Some(cap) => logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?,
             None => logits,
         })

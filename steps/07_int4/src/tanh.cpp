@@ -64,7 +64,7 @@ extern "C" void torchtpu_gelu_times(const uint16_t* gate, const uint16_t* up, ui
 }
 
 // y[i] = bf16(bf16(tanh(bf16(x[i] / cap))) · cap) for i < n, n a multiple of 64, split between threads as ATen's
-// ops split theirs; `avx512` as above.
+// ops split theirs; `avx512` as above. y may be x (each lane is read before it is written).
 extern "C" void torchtpu_softcap(const uint16_t* x, uint16_t* y, float cap, int64_t n, bool avx512) {
   at::parallel_for(0, n / 64, 256, [&](int64_t begin, int64_t end) {
     if (avx512)

@@ -62,20 +62,21 @@ pub fn gelu_times(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 }
 
 /// `tanh(logits / cap) · cap`, each op rounded to bf16 as ATen's round: ATen's bits. `softcap_takes` must hold.
-pub fn softcap(logits: &Tensor, cap: f64) -> Result<Tensor> {
+/// In place: it takes the logits (the head's fresh output) and returns them capped, without a second 512 KB tensor
+/// a step (each lane is read before it is written).
+pub fn softcap(logits: Tensor, cap: f64) -> Result<Tensor> {
     let x = logits.f_contiguous()?;
-    let y = x.f_empty_like()?;
-    // SAFETY: x and y contiguous bf16 of one shape, numel a multiple of 64, on the host (`softcap_takes`).
+    // SAFETY: x contiguous bf16, numel a multiple of 64, on the host (`softcap_takes`); read and written in place.
     unsafe {
         torchtpu_softcap(
             x.data_ptr() as *const u16,
-            y.data_ptr() as *mut u16,
+            x.data_ptr() as *mut u16,
             cap as f32, // ATen's op math for a bf16 tensor and a Python number: float32
             x.numel() as i64,
             aten_isa() == Isa::Avx512,
         );
     }
-    Ok(y)
+    Ok(x)
 }
 
 #[cfg(test)]
@@ -122,7 +123,7 @@ mod tests {
         for x in [every, logits] {
             for cap in [30.0, 7.5] {
                 let theirs = x.f_div_scalar(cap).unwrap().tanh().f_mul_scalar(cap).unwrap();
-                let ours = softcap(&x, cap).unwrap();
+                let ours = softcap(x.copy(), cap).unwrap();
                 assert!(
                     ours.view_dtype(Kind::Int16).equal(&theirs.view_dtype(Kind::Int16)),
                     "{:?}, cap {cap}",
