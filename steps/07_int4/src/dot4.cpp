@@ -89,7 +89,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
-              int64_t group, int gelu_lanes) {
+              int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
   std::vector<float> corr(M * groups);
   for (int64_t m = 0; m < M; ++m)
@@ -119,22 +119,24 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     return;
   }
   // --8<-- [start:gelu]
-  // [gate; up] held in pairs (dot4.rs' Stacking::Pairs): blocks 2b and 2b + 1 are gate's and up's rows 16b..16b+15.
-  // Both products rounded to bf16 as any product's outputs, then gelu_tanh(gate) · up on their way out (gelu.h:
-  // tanh.cpp's bits), so y [M, N / 2] is all that is written
-  const int64_t pairs = blocks / 2;
-  at::parallel_for(0, pairs * tiles, 0, [&](int64_t begin, int64_t end) {
-    uint16_t gate[4 * 16], up[4 * 16];
+  // gelu_tanh(gate) · up on the products' way out (gelu.h: tanh.cpp's bits), so y is all that is written. Either W is
+  // [gate; up] held in pairs (dot4.rs' Stacking::Pairs: blocks 2b and 2b + 1 are gate's and up's rows 16b..16b+15),
+  // both products rounded to bf16 as any product's outputs, y [M, N / 2]; or W is gate alone and `up` is given,
+  // [M, N] (the per-layer input's), y [M, N].
+  const int64_t outs = up ? blocks : blocks / 2, width = outs * 16;
+  at::parallel_for(0, outs * tiles, 0, [&](int64_t begin, int64_t end) {
+    uint16_t gates[4 * 16], ups[4 * 16];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
-      outputs(2 * b, m, rows, gate, 16);
-      outputs(2 * b + 1, m, rows, up, 16);
+      outputs(up ? b : 2 * b, m, rows, gates, 16);
+      if (!up) outputs(2 * b + 1, m, rows, ups, 16);
       for (int64_t r = 0; r < rows; ++r) {
-        uint16_t* yr = y + (m + r) * (N / 2) + b * 16;
+        const uint16_t* u = up ? up + (m + r) * width + b * 16 : ups + r * 16;
+        uint16_t* yr = y + (m + r) * width + b * 16;
         if (gelu_lanes == 16)
-          gelu::gelu_wide(gate + r * 16, up + r * 16, yr, 0, 16);
+          gelu::gelu_wide(gates + r * 16, u, yr, 0, 16);
         else
-          gelu::gelu_narrow(gate + r * 16, up + r * 16, yr, 0, 16);
+          gelu::gelu_narrow(gates + r * 16, u, yr, 0, 16);
       }
     }
   });
@@ -149,9 +151,11 @@ extern "C" bool torchtpu_dot4_supported() {
 }
 
 // y [M, N] = x [M, K] · Wᵀ, x and y bf16, the scales s bf16 or (f16_scales) f16; shapes checked by dot4.rs (N % 16,
-// K % group, group % 8). With gelu_lanes 16 or 8, W is [gate; up] in pairs of blocks and y [M, N / 2] = gelu_tanh(x ·
-// gateᵀ) · (x · upᵀ), the gelu in 16- or 8-lane registers as ATen's AVX-512 or AVX2 build computes it.
+// K % group, group % 8). With gelu_lanes 16 or 8, y = gelu_tanh(x · gateᵀ) · up, the gelu in 16- or 8-lane registers as
+// ATen's AVX-512 or AVX2 build computes it: W is [gate; up] in pairs of blocks and up = x · upᵀ, y [M, N / 2]; or,
+// with `up` given (bf16 [M, N]), W is gate, y [M, N].
 extern "C" void torchtpu_dot4_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
-                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes) {
-  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group, gelu_lanes);
+                                 uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes,
+                                 const uint16_t* up) {
+  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
 }

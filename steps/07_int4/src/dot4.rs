@@ -28,11 +28,12 @@ use crate::packed::{refuses, Packed, REPACK_ROWS};
 use crate::pages::Arena;
 use crate::tanh;
 
-type Multiply = unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64, i32);
+type Multiply =
+    unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64, i32, *const u16);
 
 extern "C" {
-    // s: the scales, f16 where f16_scales, else bf16; gelu_lanes 0, or 16 / 8: y the gelu of the first half of the
-    // outputs times the second, in ATen's AVX-512 / AVX2 bits (dot4.cpp)
+    // s: the scales, f16 where f16_scales, else bf16; gelu_lanes 0, or 16 / 8: y the gelu of gate's products times
+    // up's, or times `up` where given, in ATen's AVX-512 / AVX2 bits (dot4.cpp)
     fn torchtpu_dot4_mm(
         x: *const u16,
         w: *const i32,
@@ -44,6 +45,7 @@ extern "C" {
         k: i64,
         group: i64,
         gelu_lanes: i32,
+        up: *const u16,
     );
     fn torchtpu_fma4_mm(
         x: *const u16,
@@ -56,6 +58,7 @@ extern "C" {
         k: i64,
         group: i64,
         gelu_lanes: i32,
+        up: *const u16,
     );
     // panels.cpp: `blocks` blocks of 16 rows back to bf16 weights, into wt [k, 16 · blocks]
     fn torchtpu_unpack_panel(
@@ -154,6 +157,16 @@ pub enum Stacking {
     Pairs,
 }
 
+/// What a kernel call writes.
+enum Out<'a> {
+    /// `x · Wᵀ`.
+    Products,
+    /// `gelu_tanh(gate) · up` of `[gate; up]` held in pairs.
+    GeluOfPairs,
+    /// `gelu_tanh(x · Wᵀ) · up`, up given.
+    GeluTimes(&'a Tensor),
+}
+
 impl Dot4Linear {
     /// Re-lays the checkpoint's matrices `parts` (one, or several stacked as `stacking` says: one product of one
     /// input instead of several) for the kernel, in memory taken from `arena`, `REPACK_ROWS` rows at a time (a whole
@@ -235,7 +248,7 @@ impl Dot4Linear {
         if self.by_panels_for(&x) {
             self.by_panels(&x)
         } else {
-            self.by_kernel(&x, 0)
+            self.by_kernel(&x, Out::Products)
         }
     }
 
@@ -255,9 +268,41 @@ impl Dot4Linear {
             let half = |p: i64| both.f_select(2, p)?.f_flatten(1, 2);
             return tanh::gelu_times(&half(0)?, &half(1)?);
         }
-        self.by_kernel(&x, if cpu::aten_isa() == Isa::Avx512 { 16 } else { 8 })
+        self.by_kernel(&x, Out::GeluOfPairs)
     }
     // --8<-- [end:gelu_of_halves]
+
+    /// `gelu_tanh(x · Wᵀ) · up` for W one matrix (or stacked by rows) and up bf16 `[tokens, rows]` (the per-layer
+    /// input's gate and input): the bits of `forward` and then tanh.rs' `gelu_times`, in one call, as
+    /// `gelu_of_halves`. Its callers ask for it where the rows come in ATen's whole vector steps (`tanh::whole_steps`).
+    pub fn gelu_times(&self, x: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let x = self.checked(x)?;
+        let shape = [x.size()[0], self.out_rows()];
+        if self.stacking != Stacking::Rows
+            || up.kind() != Kind::BFloat16
+            || up.size() != shape
+            || up.device() != Device::Cpu
+        {
+            return Err(invalid!(
+                "{}: gelu_times of {:?} by up {:?} {:?} on {:?}: need one matrix's products and up bf16 {shape:?} on the CPU",
+                self.kernel.symbol(),
+                self.stacking,
+                up.kind(),
+                up.size(),
+                up.device()
+            ));
+        }
+        let up = up.f_contiguous()?;
+        if self.by_panels_for(&x) {
+            return tanh::gelu_times(&self.by_panels(&x)?, &up);
+        }
+        self.by_kernel(&x, Out::GeluTimes(&up))
+    }
+
+    /// Rows of W: the products' count.
+    pub fn out_rows(&self) -> i64 {
+        self.words.size()[0] * 16
+    }
 
     /// x as the kernels take it: contiguous 2-D bf16 `[tokens, cols]` on the CPU, or an error naming what it is.
     fn checked(&self, x: &Tensor) -> Result<Tensor> {
@@ -279,17 +324,26 @@ impl Dot4Linear {
         self.kernel == Kernel::Dot4 && x.size()[0] >= PANEL_MIN_ROWS && cpu::panels_run()
     }
 
-    /// `x · Wᵀ` by the kernel itself, or with `gelu_lanes` 16 or 8 `gelu_of_halves` (in the lanes ATen's gelu
-    /// computes in). x is contiguous bf16 [m, cols] (`checked`).
-    fn by_kernel(&self, x: &Tensor, gelu_lanes: i32) -> Result<Tensor> {
+    /// `x · Wᵀ` by the kernel itself, or the gelu of products times others (`out`). x is contiguous bf16 [m, cols]
+    /// (`checked`).
+    fn by_kernel(&self, x: &Tensor, out: Out) -> Result<Tensor> {
         let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
         let (rows, cols, m) = (blocks * 16, octets * 8, x.size()[0]);
-        let outputs = if gelu_lanes == 0 { rows } else { rows / 2 };
+        let outputs = if matches!(out, Out::GeluOfPairs) { rows / 2 } else { rows };
+        // the lanes ATen's gelu computes in
+        let lanes = if cpu::aten_isa() == Isa::Avx512 { 16 } else { 8 };
+        let (gelu_lanes, up) = match out {
+            Out::Products => (0, std::ptr::null()),
+            Out::GeluOfPairs => (lanes, std::ptr::null()),
+            Out::GeluTimes(up) => (lanes, up.data_ptr() as *const u16),
+        };
         let y = Tensor::f_empty([m, outputs], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
-            // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, outputs], words and scales contiguous in the layout
-            // above (made in `new`), all on the host; shapes checked here and in `new` (rows % 16, cols % group,
-            // group % 8), which is all the kernels assume; `new` checked that this one runs here, and with it the AVX2 (or AVX-512) the gelu's lanes need.
+            // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, outputs], up null or contiguous bf16 [m, rows]
+            // (`gelu_times`), words and scales contiguous in the layout above (made in `new`: in pairs for
+            // `Out::GeluOfPairs`, `gelu_of_halves` checked), all on the host; shapes checked here and in `new` (rows %
+            // 16, cols % group, group % 8), which is all the kernels assume; `new` checked that this one runs here,
+            // and with it the AVX2 or AVX-512 the gelu's lanes need.
             unsafe {
                 (self.kernel.multiply())(
                     x.data_ptr() as *const u16,
@@ -302,6 +356,7 @@ impl Dot4Linear {
                     cols,
                     self.group,
                     gelu_lanes,
+                    up,
                 );
             }
         }
@@ -548,7 +603,7 @@ mod tests {
     }
 
     #[test]
-    fn paired_gate_and_up_give_the_bits_of_their_products_then_the_gelu() {
+    fn the_gelu_on_the_way_out_gives_the_bits_of_the_products_then_the_gelu() {
         for kernel in kernels_here() {
             // rows in 64s, where ATen's gelu has no scalar tail (tanh.rs' `whole_steps`)
             for (rows, cols, scale_kind) in
@@ -589,6 +644,23 @@ mod tests {
                 );
                 assert!(matches!(taller, Err(Error::Invalid(msg)) if msg.contains("two matrices of one height")));
                 assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
+                // one matrix's products times a given `up` (the per-layer input's), the same bits; a pair, or an up of
+                // another shape, refused by name
+                for m in [1, 5, PANEL_MIN_ROWS] {
+                    let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
+                    let other = Tensor::randn([m, rows], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+                    let apart = gate.forward(&x).unwrap().gelu("tanh") * &other;
+                    let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
+                    assert!(bits(&gate.gelu_times(&x, &other).unwrap()).equal(&bits(&apart)), "{kernel:?}, m={m}");
+                }
+                let x = Tensor::zeros([2, cols], (Kind::BFloat16, Device::Cpu));
+                let Err(Error::Invalid(msg)) =
+                    gate.gelu_times(&x, &Tensor::zeros([2, rows + 1], (Kind::BFloat16, Device::Cpu)))
+                else {
+                    panic!("{kernel:?}: an up of the wrong shape must be refused");
+                };
+                assert!(msg.contains("gelu_times") && msg.contains(&format!("[2, {rows}]")), "{msg}");
+                assert!(paired.gelu_times(&x, &Tensor::zeros([2, rows], (Kind::BFloat16, Device::Cpu))).is_err());
             }
         }
     }

@@ -451,8 +451,14 @@ impl PerLayerInput {
     }
 
     fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
-        let gate = linear(Part::PerLayerInput, x, &self.gate)?;
-        linear(Part::PerLayerInput, &gelu_times(&gate, input)?, &self.projection)
+        let mixed = match &self.gate {
+            // on this step's kernels the gelu on the gate's way out, where its bits are ATen's (as Mlp's)
+            Linear::Dot4(gate) if tanh::whole_steps(gate.out_rows()) => {
+                timed(Part::PerLayerInput, gate.bytes(), || gate.gelu_times(x, input))?
+            }
+            gate => gelu_times(&linear(Part::PerLayerInput, x, gate)?, input)?,
+        };
+        linear(Part::PerLayerInput, &mixed, &self.projection)
     }
 }
 
