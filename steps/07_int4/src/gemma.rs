@@ -167,6 +167,17 @@ impl RmsNorm {
         rotation.rotate(&self.forward_in_ops(x)?)
     }
 
+    /// `forward(x)`, or `rotated(x, rotation)`, of one token's heads written into `slot` of `cache [heads, slots, d]`
+    /// in the same call (norm.rs); false where that call does not take them, and nothing written.
+    fn into_slot(&self, x: &Tensor, rotation: Option<&Rotation>, cache: &Tensor, slot: i64) -> Result<bool> {
+        if !norm::takes(x, self.weight.as_ref()) {
+            return Ok(false);
+        }
+        let after = rotation.map_or(After::Nothing, |r| After::Rotated { cos: &r.cos, sin: &r.sin });
+        timed(Part::Norms, 0, || norm::rms_norm_into(x, self.weight.as_ref(), self.eps, after, cache, slot))?;
+        Ok(true)
+    }
+
     /// Step 03's norm, in ATen's ops: what the CPU's kernel must equal, and what runs elsewhere.
     fn forward_in_ops(&self, x: &Tensor) -> Result<Tensor> {
         let xf = x.f_to_kind(Kind::Float)?;
@@ -347,9 +358,19 @@ impl Attention {
         let heads = |t: &Tensor| t.f_view([x.size()[0], -1, self.head_dim]);
         let q = self.q_norm.rotated(&heads(&q)?, rotation)?;
         if let (Some((k, v)), Some(k_norm)) = (kv, &self.k_norm) {
-            let k = k_norm.rotated(&heads(&k)?, rotation)?;
-            let v = self.v_norm.forward(&heads(&v)?)?;
-            timed(Part::CacheWrite, 0, || cache.write(self.layer, slots, &k, &v))?;
+            let (k, v) = (heads(&k)?, heads(&v)?);
+            // a decode step's key and value normed straight into their slot where the norm's one call can (norm.rs)
+            let written = match cache.slot_for_one(self.layer, slots, k.kind()) {
+                Some((keys, values, slot)) => {
+                    k_norm.into_slot(&k, Some(rotation), keys, slot)?
+                        && self.v_norm.into_slot(&v, None, values, slot)?
+                }
+                None => false,
+            };
+            if !written {
+                let (k, v) = (k_norm.rotated(&k, rotation)?, self.v_norm.forward(&v)?);
+                timed(Part::CacheWrite, 0, || cache.write(self.layer, slots, &k, &v))?;
+            }
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
         let seen = cache.seen(self.kv_source, slots)?;
@@ -608,6 +629,9 @@ struct Slots {
     seen: i64,
     /// bool `[tokens, seen]`: true where a query must not see a slot (empty, in its future, or out of window).
     masked: Tensor,
+    /// A one-token pass's slot (a decode step's), known on the host where its position is: its key and value can go
+    /// straight there (`Cache::slot_for_one`).
+    one: Option<i64>,
 }
 
 impl Cache {
@@ -692,6 +716,7 @@ impl Cache {
     fn place(&mut self, pos: &Tensor, full_slots: i64) -> Result<ByKind<Slots>> {
         let window = self.window;
         let query = pos.f_unsqueeze(1)?;
+        let one = if pos.numel() == 1 && pos.device() == Device::Cpu { Some(pos.f_int64_value(&[0])?) } else { None };
         ByKind::try_new(|kind| {
             let positions = self.positions.get_mut(kind);
             let written = pos.f_remainder(positions.size()[0])?;
@@ -703,7 +728,8 @@ impl Cache {
                 // key k is visible to query q iff q - window < k <= q
                 visible = visible.f_logical_and(&key.f_gt_tensor(&query.f_sub_scalar(window)?)?)?;
             }
-            Ok(Slots { written, seen, masked: visible.f_logical_not()? })
+            let one = one.map(|p| p % positions.size()[0]);
+            Ok(Slots { written, seen, masked: visible.f_logical_not()?, one })
         })
     }
 
@@ -714,6 +740,14 @@ impl Cache {
         let _ = cache.keys.f_index_copy_(1, &slots.written, &k.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
         let _ = cache.values.f_index_copy_(1, &slots.written, &v.f_transpose(0, 1)?.f_to_kind(dtype)?)?;
         Ok(())
+    }
+
+    /// For a one-token pass on the CPU, `layer`'s keys and values and the slot its token goes to, where they hold
+    /// `kind` (the compute dtype): its norms can write them there. None otherwise: `write` copies them in.
+    fn slot_for_one(&self, layer: usize, slots: &Slots, kind: Kind) -> Option<(&Tensor, &Tensor, i64)> {
+        let cache = self.layers[layer].as_ref()?;
+        let slot = slots.one?;
+        (self.dtype == kind && cache.keys.device() == Device::Cpu).then_some((&cache.keys, &cache.values, slot))
     }
 
     /// The slots of `layer`'s cache its queries attend over.

@@ -126,7 +126,7 @@ struct After {
 };
 
 template <typename T>
-void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_t n, float eps) {
+void norm(const T* x, const float* w, After<T> after, T* y, int64_t y_stride, int64_t rows, int64_t n, float eps) {
   std::vector<float> xf(n), squares(n);
   std::vector<T> normed(n);
   const int64_t half = n / 2;
@@ -142,7 +142,7 @@ void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_
       if (w) v = v * w[k];
       normed[k] = narrow<T>(v);
     }
-    T* out = y + r * n;
+    T* out = y + r * y_stride;
     if (after.residual) {
       for (int64_t k = 0; k < n; ++k) out[k] = narrow<T>(widen(after.residual[r * n + k]) + widen(normed[k]));
       if (after.scale)  // rounded after the add, as ATen's mul after its add
@@ -165,19 +165,20 @@ void norm(const T* x, const float* w, After<T> after, T* y, int64_t rows, int64_
 
 // y [rows, n] = x · (mean(x²) + eps)^-0.5 · w, then plus residual [rows, n] (then times scale [1], unless null), or
 // rotated by cos, sin [rows / heads, n] (one row per token), or neither (null): x, residual, scale, cos, sin and y
-// all bf16 (bf16 = true) or all float32, w float32 [n] or null (no weight).
+// all bf16 (bf16 = true) or all float32, w float32 [n] or null (no weight); y's rows y_stride values apart (n, or a
+// cache's slots · n: a token's heads written into their slot of a cache).
 extern "C" void torchtpu_rms_norm(const void* x, const float* w, const void* residual, const void* scale,
-                                  const void* cos, const void* sin, int64_t heads, void* y, int64_t rows, int64_t n,
-                                  float eps, bool bf16) {
+                                  const void* cos, const void* sin, int64_t heads, void* y, int64_t y_stride,
+                                  int64_t rows, int64_t n, float eps, bool bf16) {
   if (bf16) {
     using T = uint16_t;
     const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(scale), static_cast<const T*>(cos),
                          static_cast<const T*>(sin), heads};
-    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
+    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), y_stride, rows, n, eps);
   } else {
     using T = float;
     const After<T> after{static_cast<const T*>(residual), static_cast<const T*>(scale), static_cast<const T*>(cos),
                          static_cast<const T*>(sin), heads};
-    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), rows, n, eps);
+    norm(static_cast<const T*>(x), w, after, static_cast<T*>(y), y_stride, rows, n, eps);
   }
 }

@@ -20,6 +20,7 @@ extern "C" {
         sin: *const c_void,
         heads: i64,
         y: *mut c_void,
+        y_stride: i64,
         rows: i64,
         n: i64,
         eps: f32,
@@ -55,10 +56,61 @@ pub fn takes(x: &Tensor, weight: Option<&Tensor>) -> bool {
 /// `x · (mean(x²) + eps)^-0.5 · w` over the last dim of `x`, in float32, rounded to x's dtype, then `after` it (each
 /// step rounded as ATen's op on tensors of x's dtype rounds): ATen's bits. `takes` must hold.
 pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> Result<Tensor> {
+    checked(x, weight, &after)?;
+    let y = x.f_empty_like()?;
+    let n = x.size().last().copied().expect("checked");
+    // SAFETY: checked; y is a fresh tensor like x, contiguous: its rows n apart
+    unsafe { run(x, weight, eps, &after, y.data_ptr(), n)? };
+    Ok(y)
+}
+
+/// `rms_norm` of one token's heads `x [1, heads, n]`, each head's row written into `slot` of `cache [heads, slots, n]`
+/// (contiguous, of x's dtype) in place of a new tensor: a decode step's keys or values straight into their cache,
+/// with no copy of them to make. The other slots are left as they are.
+pub fn rms_norm_into(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    eps: f64,
+    after: After,
+    cache: &Tensor,
+    slot: i64,
+) -> Result<()> {
+    let (size, slots) = (x.size(), cache.size().get(1).copied().unwrap_or(0));
+    let fits = size.len() == 3
+        && size[0] == 1
+        && cache.size() == [size[1], slots, size[2]]
+        && (0..slots).contains(&slot)
+        && cache.kind() == x.kind()
+        && cache.device() == x.device()
+        && cache.is_contiguous();
+    if !fits {
+        return Err(invalid!(
+            "torchtpu_rms_norm: x {:?} {:?} into slot {slot} of a cache {:?} {:?}: need one token's heads [1, heads, \
+             n] and a contiguous cache [heads, slots, n] of x's dtype with 0 <= slot < slots",
+            x.kind(),
+            size,
+            cache.kind(),
+            cache.size()
+        ));
+    }
+    checked(x, weight, &after)?;
+    let n = size[2];
+    // SAFETY: the cache is contiguous [heads, slots, n] of x's dtype on x's device (checked above, and `run` checks x
+    // and the rest): head h's row at slot lies at (h · slots + slot) · n, so from the slot's first row on, rows are
+    // slots · n apart and the last ends within the cache
+    unsafe {
+        let at = (cache.data_ptr() as *mut u8).add((slot * n) as usize * x.kind().elt_size_in_bytes());
+        run(x, weight, eps, &after, at as *mut c_void, slots * n)
+    }
+}
+
+/// Whether the kernel takes x, the weight and what follows the norm (`takes`, and what `after` holds shaped for x),
+/// or an error naming each.
+fn checked(x: &Tensor, weight: Option<&Tensor>, after: &After) -> Result<()> {
     let size = x.size();
     let like_x = |t: &Tensor, shape: &[i64]| t.kind() == x.kind() && t.size() == shape && t.device() == x.device();
     let fits = takes(x, weight)
-        && match &after {
+        && match after {
             After::Nothing => true,
             After::Added(residual) => like_x(residual, &size),
             After::AddedScaled(residual, scale) => like_x(residual, &size) && like_x(scale, &[1]),
@@ -73,7 +125,7 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
              dim], a residual like x, or cos and sin [tokens, 1, d] of x's dtype for x [tokens, heads, d]",
             what(x),
             weight.map(what),
-            match &after {
+            match after {
                 After::Nothing => "nothing".to_string(),
                 After::Added(r) => format!("+ residual {:?}", what(r)),
                 After::AddedScaled(r, s) => format!("+ residual {:?}, times {:?}", what(r), what(s)),
@@ -81,20 +133,35 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
             }
         ));
     }
-    let n = *size.last().expect("checked above");
+    Ok(())
+}
+
+/// Runs the kernel on x into y, rows `y_stride` values apart.
+///
+/// # Safety
+/// `checked(x, weight, after)` holds; y holds x's rows of its dtype, `y_stride` values apart, each of x's last dim.
+unsafe fn run(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    eps: f64,
+    after: &After,
+    y: *mut c_void,
+    y_stride: i64,
+) -> Result<()> {
+    let size = x.size();
+    let n = *size.last().expect("checked");
     let x = x.f_contiguous()?;
     let contiguous = |t: &Tensor| t.f_contiguous();
-    let (residual, scale, cos, sin) = match &after {
+    let (residual, scale, cos, sin) = match after {
         After::Nothing => (None, None, None, None),
         After::Added(r) => (Some(contiguous(r)?), None, None, None),
         After::AddedScaled(r, s) => (Some(contiguous(r)?), Some(contiguous(s)?), None, None),
         After::Rotated { cos, sin } => (None, None, Some(contiguous(cos)?), Some(contiguous(sin)?)),
     };
     let heads = if cos.is_some() { size[1] } else { 1 };
-    let y = x.f_empty_like()?;
     let pointer = |t: &Option<Tensor>| t.as_ref().map_or(std::ptr::null(), |t| t.data_ptr() as *const c_void);
-    // SAFETY: x, residual and y contiguous [rows, n] of one dtype (bf16 or float32), cos and sin contiguous [rows /
-    // heads, n] of it, weight contiguous float32 [n] or null, all on the host: checked above.
+    // SAFETY: x and residual contiguous [rows, n] of one dtype (bf16 or float32), cos and sin contiguous [rows /
+    // heads, n] of it, weight contiguous float32 [n] or null, all on the host (`checked`); y as the caller says.
     unsafe {
         torchtpu_rms_norm(
             x.data_ptr(),
@@ -104,14 +171,15 @@ pub fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f64, after: After) -> 
             pointer(&cos),
             pointer(&sin),
             heads,
-            y.data_ptr(),
+            y,
+            y_stride,
             x.numel() as i64 / n,
             n,
             eps as f32,
             x.kind() == Kind::BFloat16,
         );
     }
-    Ok(y)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -178,6 +246,39 @@ mod tests {
                 let ours = rms_norm(&x, Some(&w), 1e-6, After::Rotated { cos: &cos, sin: &sin }).unwrap();
                 let theirs = rotated_in_ops(&in_ops(&x, Some(&w), 1e-6), &cos, &sin);
                 assert!(ours.equal(&theirs), "{tokens} tokens, {heads} heads of {d}, {kind:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn into_a_cache_slot_it_writes_those_bits_there_and_nothing_else() {
+        // E2B's k (1 head of 512, rotated) and v (1 head of 256, no weight), and two heads of 32
+        for (heads, d, rotated) in [(1, 512, true), (1, 256, false), (2, 32, true)] {
+            for kind in [Kind::BFloat16, Kind::Float] {
+                tch::manual_seed(heads * 100 + d);
+                let x = Tensor::randn([1, heads, d], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let w = Tensor::randn([d], (Kind::Float, Device::Cpu));
+                let angles = Tensor::randn([1, 1, d], (Kind::Float, Device::Cpu)) * 100.0;
+                let (cos, sin) = (angles.cos().to_kind(kind), angles.sin().to_kind(kind));
+                let after = || if rotated { After::Rotated { cos: &cos, sin: &sin } } else { After::Nothing };
+                let weight = rotated.then_some(&w);
+                let cache = Tensor::randn([heads, 6, d], (Kind::Float, Device::Cpu)).to_kind(kind);
+                let before = cache.copy();
+                rms_norm_into(&x, weight, 1e-6, after(), &cache, 4).unwrap();
+                let expected = before.copy();
+                expected.narrow(1, 4, 1).copy_(&rms_norm(&x, weight, 1e-6, after()).unwrap().transpose(0, 1));
+                assert!(cache.equal(&expected), "{heads} heads of {d}, {kind:?}");
+                // a slot past the end, a cache of another dtype or head count: refused, the cache untouched
+                let other = if kind == Kind::Float { Kind::BFloat16 } else { Kind::Float };
+                for (bad, slot) in [
+                    (&cache, 6),
+                    (&cache.to_kind(other), 0),
+                    (&Tensor::zeros([heads + 1, 6, d], (kind, Device::Cpu)), 0),
+                ] {
+                    let err = rms_norm_into(&x, weight, 1e-6, after(), bad, slot).unwrap_err().to_string();
+                    assert!(err.contains("into slot"), "{err}");
+                }
+                assert!(cache.equal(&expected));
             }
         }
     }
