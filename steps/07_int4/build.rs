@@ -49,6 +49,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/panels.cpp");
     println!("cargo:rerun-if-changed=src/bf16.h");
     println!("cargo:rerun-if-changed=src/gelu.h");
+    println!("cargo:rerun-if-changed=src/blocks.h");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

@@ -16,9 +16,8 @@
 // output), so the 2^-24 never takes a small activation below float32's normal range: every product is exact for
 // activations within 2^133 of their row's largest.
 #include "bf16.h"
-#include "gelu.h"
+#include "blocks.h"
 
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -130,7 +129,7 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
-  const int64_t groups = K / group, blocks = N / 16, tiles = (M + 3) / 4;
+  const int64_t groups = K / group;
   std::vector<float> xs(M * K), corr(M * groups), unscale(M);
   float factor[8];
   for (int c = 0; c < 8; ++c) factor[c] = undo(c);
@@ -151,51 +150,21 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
       return v;
     });
   }
-  // Rows m..m+rows of block b's outputs, into y with rows `stride` apart.
-  auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* y, int64_t stride) {
+  // rows m..m+rows of block b's outputs into out, rows `stride` apart (blocks.h shares the blocks out)
+  auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* out, int64_t stride) {
     const int32_t* wb = w + b * (K / 8) * 16;
     const uint16_t* sb = s + b * groups * 16;
     const float* xm = xs.data() + m * K;
     const float* cm = corr.data() + m * groups;
     const float* um = unscale.data() + m;
     switch (rows) {
-      case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
-      case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
-      case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
-      default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, y, stride); break;
+      case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+      case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+      case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+      default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
     }
   };
-  // as dot4: each thread takes whole blocks of rows of W, and every 4 rows of x for a block before the next
-  if (gelu_lanes == 0) {
-    at::parallel_for(0, blocks * tiles, 0, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t b = i / tiles, m = (i % tiles) * 4;
-        outputs(b, m, std::min<int64_t>(4, M - m), y + m * N + b * 16, N);
-      }
-    });
-    return;
-  }
-  // gelu_tanh(gate) · up on the products' way out (as dot4's), so y is all that is written. Either W is
-  // [gate; up] held in pairs (dot4.rs' Stacking::Pairs: blocks 2b and 2b + 1 are gate's and up's rows 16b..16b+15),
-  // both products rounded to bf16 as any product's outputs, y [M, N / 2]; or W is gate alone and `up` is given,
-  // [M, N] (the per-layer input's), y [M, N].
-  const int64_t outs = up ? blocks : blocks / 2, width = outs * 16;
-  at::parallel_for(0, outs * tiles, 0, [&](int64_t begin, int64_t end) {
-    uint16_t gates[4 * 16], ups[4 * 16];
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / tiles, m = (i % tiles) * 4, rows = std::min<int64_t>(4, M - m);
-      outputs(up ? b : 2 * b, m, rows, gates, 16);
-      if (!up) outputs(2 * b + 1, m, rows, ups, 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint16_t* u = up ? up + (m + r) * width + b * 16 : ups + r * 16;
-        uint16_t* yr = y + (m + r) * width + b * 16;
-        if (gelu_lanes == 16)
-          gelu::gelu_wide(gates + r * 16, u, yr, 0, 16);
-        else
-          gelu::gelu_narrow(gates + r * 16, u, yr, 0, 16);
-      }
-    }
-  });
+  write_blocks(M, N, gelu_lanes, up, y, outputs);
 }
 
 }  // namespace
