@@ -24,12 +24,19 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 // 16 scales of a block of rows, widened to float32 (exact): f16 by the convert instruction, bf16 by a shift
-// (dot4.cpp, panels.cpp).
+// (dot4.cpp, panels.cpp); and 8 of them, with AVX2 and F16C (fma4.cpp, panels.cpp).
 template <bool F16>
 __attribute__((target("avx512f,avx512bw"))) inline __m512 widened16(const uint16_t* s) {
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
   if constexpr (F16) return _mm512_cvtph_ps(half);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+template <bool F16>
+__attribute__((target("avx2,f16c"))) inline __m256 widened8(const uint16_t* s) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  if constexpr (F16) return _mm256_cvtph_ps(half);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
 }
 
 // times · Σ value(k, x[k]) over each group of `group` values of x (bf16, widened to float32), in float32, k in order

@@ -70,6 +70,16 @@ extern "C" {
         k: i64,
         group: i64,
     );
+    // the same into float32 weights (AVX2, FMA and F16C)
+    fn torchtpu_unpack_panel_float(
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        wt: *mut f32,
+        blocks: i64,
+        k: i64,
+        group: i64,
+    );
 }
 
 /// From how many activation rows dot4's products go by panels where AMX runs (`cpu::panels_run`): a prompt chunk's
@@ -78,6 +88,10 @@ extern "C" {
 /// dot4 at 16 / 32 / 64 / 512 rows and 8.4 / 8.7 / 9.0 / 20.5 by panels; [2048 × 1536] 0.6 / 1.2 / 2.4 / 19.2 and
 /// 1.3 / 1.4 / 1.5 / 2.8; [1536 × 6144] 1.8 / 3.6 / 7.3 / 58.9 and 4.9 / 4.3 / 4.9 / 10.4.
 pub const PANEL_MIN_ROWS: i64 = 64;
+/// The same for fma4's float32 panels (`Kernel::Fma4`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads,
+/// best of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 /
+/// 97.7; [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5.
+pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
 /// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
 const PANEL_ROWS: i64 = 1024;
 
@@ -91,6 +105,14 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// From how many activation rows its products go by panels (where they run: `Dot4Linear::by_panels_for`).
+    pub fn panel_min_rows(self) -> i64 {
+        match self {
+            Kernel::Dot4 => PANEL_MIN_ROWS,
+            Kernel::Fma4 => FLOAT_PANEL_MIN_ROWS,
+        }
+    }
+
     /// The kernel's symbol (named in every error about it).
     pub fn symbol(self) -> &'static str {
         match self {
@@ -319,9 +341,14 @@ impl Dot4Linear {
         Ok(x.f_contiguous()?)
     }
 
-    /// Whether x's product goes by panels: dot4's, from `PANEL_MIN_ROWS` rows, where AMX runs.
+    /// Whether x's product goes by panels: from the kernel's `panel_min_rows`, dot4's where AMX runs, fma4's always
+    /// (its CPUs have what the float32 unpacking needs, and torch's float32 matmul).
     fn by_panels_for(&self, x: &Tensor) -> bool {
-        self.kernel == Kernel::Dot4 && x.size()[0] >= PANEL_MIN_ROWS && cpu::panels_run()
+        x.size()[0] >= self.kernel.panel_min_rows()
+            && match self.kernel {
+                Kernel::Dot4 => cpu::panels_run(),
+                Kernel::Fma4 => true,
+            }
     }
 
     /// `x · Wᵀ` by the kernel itself, or the gelu of products times others (`out`). x is contiguous bf16 [m, cols]
@@ -368,30 +395,43 @@ impl Dot4Linear {
     }
 
     // --8<-- [start:panels]
-    /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to bf16 weights (panels.cpp: `(q - 8) ·
-    /// scale` rounded once to bf16, step 03's weights), then torch's bf16 matmul, which oneDNN runs on AMX. x is
-    /// contiguous bf16 [m, cols] (checked by `forward`).
+    /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to weights (panels.cpp: `(q - 8) ·
+    /// scale`), then torch's matmul — for dot4, bf16 weights (rounded once: step 03's) and bf16's product, which
+    /// oneDNN runs on AMX; for fma4, float32 weights (exact) and float32's product, rounded once to bf16 as it is
+    /// copied into y. x is contiguous bf16 [m, cols] (checked by `forward`).
     fn by_panels(&self, x: &Tensor) -> Result<Tensor> {
         let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
         let (rows, cols, groups) = (blocks * 16, octets * 8, self.scales.size()[1]);
         let y = Tensor::f_empty([x.size()[0], rows], (Kind::BFloat16, Device::Cpu))?;
+        let (kind, x) = match self.kernel {
+            Kernel::Dot4 => (Kind::BFloat16, x.shallow_clone()),
+            Kernel::Fma4 => (Kind::Float, x.f_to_kind(Kind::Float)?), // exact
+        };
         let mut start = 0;
         while start < rows {
             let n = PANEL_ROWS.min(rows - start);
-            let wt = Tensor::f_empty([cols, n], (Kind::BFloat16, Device::Cpu))?;
+            let wt = Tensor::f_empty([cols, n], (kind, Device::Cpu))?;
             // SAFETY: words and scales are contiguous in dot4's layout (made in `new`), block start / 16 onwards
             // holds n / 16 blocks (start and n are multiples of 16, start + n <= rows); wt is a fresh contiguous
-            // bf16 [cols, n]; `forward` checked that panels run here.
+            // [cols, n] of the kind each writes; `by_panels_for` checked that panels run here.
             unsafe {
-                torchtpu_unpack_panel(
-                    (self.words.data_ptr() as *const i32).add((start / 16 * octets * 16) as usize),
-                    (self.scales.data_ptr() as *const u16).add((start / 16 * groups * 16) as usize),
-                    self.scales.kind() == Kind::Half,
-                    wt.data_ptr() as *mut u16,
-                    n / 16,
-                    cols,
-                    self.group,
-                );
+                let w = (self.words.data_ptr() as *const i32).add((start / 16 * octets * 16) as usize);
+                let s = (self.scales.data_ptr() as *const u16).add((start / 16 * groups * 16) as usize);
+                let f16_scales = self.scales.kind() == Kind::Half;
+                match self.kernel {
+                    Kernel::Dot4 => {
+                        torchtpu_unpack_panel(w, s, f16_scales, wt.data_ptr() as *mut u16, n / 16, cols, self.group)
+                    }
+                    Kernel::Fma4 => torchtpu_unpack_panel_float(
+                        w,
+                        s,
+                        f16_scales,
+                        wt.data_ptr() as *mut f32,
+                        n / 16,
+                        cols,
+                        self.group,
+                    ),
+                }
             }
             y.f_narrow(1, start, n)?.f_copy_(&x.f_mm(&wt)?)?;
             start += n;
@@ -585,7 +625,7 @@ mod tests {
             let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
             assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
             // a decode step's row, a short prompt's, and a chunk that goes by panels where they run
-            for m in [1, 5, PANEL_MIN_ROWS] {
+            for m in [1, 5, kernel.panel_min_rows()] {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap(), c.forward(&x).unwrap()], 1);
                 assert!(all.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
@@ -618,7 +658,7 @@ mod tests {
                 assert_eq!(paired.bytes(), gate.bytes() + up.bytes());
                 // a decode step's row, a short prompt's (rows in tiles of 4 and a remainder), one by panels where
                 // they run; activations large enough that the gelu's tanh saturates on some outputs
-                for m in [1, 5, PANEL_MIN_ROWS] {
+                for m in [1, 5, kernel.panel_min_rows()] {
                     for scale in [1.0, 40.0] {
                         let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * scale).to_kind(Kind::BFloat16);
                         let apart = gate.forward(&x).unwrap().gelu("tanh") * up.forward(&x).unwrap(); // ATen's ops
@@ -646,7 +686,7 @@ mod tests {
                 assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
                 // one matrix's products times a given `up` (the per-layer input's), the same bits; a pair, or an up of
                 // another shape, refused by name
-                for m in [1, 5, PANEL_MIN_ROWS] {
+                for m in [1, 5, kernel.panel_min_rows()] {
                     let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
                     let other = Tensor::randn([m, rows], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let apart = gate.forward(&x).unwrap().gelu("tanh") * &other;
@@ -666,43 +706,51 @@ mod tests {
     }
 
     #[test]
-    fn panels_give_the_product_of_step_03s_weights() {
-        if !cpu::panels_run() {
-            eprintln!("skipped: panels do not run here (no AMX, or ATen kept to AVX2)");
-            return;
-        }
-        // a panel and a remainder of 48 rows; E2B's down_proj with a chunk of 100 rows; f16 scales (the emb4 twin's)
-        let cases = [
-            (PANEL_ROWS + 48, 192, Kind::BFloat16, PANEL_MIN_ROWS),
-            (1536, 6144, Kind::BFloat16, 100),
-            (256, 1536, Kind::Half, PANEL_MIN_ROWS + 3),
-        ];
-        for (rows, cols, scale_kind, m) in cases {
-            let w = random_matrix_scaled_in(rows, cols, 4, scale_kind);
-            let linear = alone("w", &w, Kernel::Dot4).unwrap();
-            // the weights as the panels hold them: (q - 8) · scale, exact in float64, rounded once to bf16 — with
-            // bf16 scales, step 03's (`dequantize`)
-            let q = w.nibbles(0, rows).unwrap().to_kind(Kind::Double) - 8.0;
-            let scale = w.scale().to_kind(Kind::Double).repeat_interleave_self_int(cols / w.groups(), 1, None);
-            let weights = (q * scale).to_kind(Kind::BFloat16);
-            if scale_kind == Kind::BFloat16 {
-                assert!(weights.equal(&w.dequantize().unwrap()), "[{rows} × {cols}]");
+    fn panels_give_the_product_of_their_weights() {
+        for kernel in kernels_here() {
+            if kernel == Kernel::Dot4 && !cpu::panels_run() {
+                eprintln!("skipped for dot4: its panels do not run here (no AMX, or ATen kept to AVX2)");
+                continue;
             }
-            let what = format!("[{rows} × {cols}], {scale_kind:?} scales, m={m}");
-            // identity activations give each weight as it is, bit for bit
-            let eye = linear.forward(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu))).unwrap();
-            assert!(eye.tr().equal(&weights), "{what}: the weights");
-            // and a product is the exact one of those weights, rounded once, give or take float32's sums
-            let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-            let y = linear.forward(&x).unwrap().to_kind(Kind::Double);
-            let (x, weights) = (x.to_kind(Kind::Double), weights.to_kind(Kind::Double));
-            let exact = x.matmul(&weights.tr());
-            let step = exact.abs().clamp_min(1e-300).log2().floor().exp2() / 128.0;
-            let reach = x.abs().matmul(&weights.abs().tr()) / 262144.0 + &step; // 2^-18 of Σ|x · w|
-            let err = (&y - &exact).abs();
-            assert!(err.le_tensor(&reach).all().int64_value(&[]) == 1, "{what}: an output out of reach");
-            let missed = err.gt_tensor(&(step * (0.5 + 1e-6))).sum(Kind::Int64).int64_value(&[]);
-            assert!(missed * 100 <= err.numel() as i64, "{what}: {missed} of {} not exactly rounded", err.numel());
+            // a panel and a remainder of 48 rows; E2B's down_proj with a chunk a little over the fewest rows
+            // that go by panels; f16 scales (the emb4 twin's)
+            let cases = [
+                (PANEL_ROWS + 48, 192, Kind::BFloat16, kernel.panel_min_rows()),
+                (1536, 6144, Kind::BFloat16, kernel.panel_min_rows() + 36),
+                (256, 1536, Kind::Half, kernel.panel_min_rows() + 3),
+            ];
+            for (rows, cols, scale_kind, m) in cases {
+                let w = random_matrix_scaled_in(rows, cols, 4, scale_kind);
+                let linear = alone("w", &w, kernel).unwrap();
+                // the weights as the panels hold them: (q - 8) · scale, exact in float64; dot4's rounded once to
+                // bf16 — with bf16 scales, step 03's (`dequantize`) — fma4's float32 ones exact
+                let q = w.nibbles(0, rows).unwrap().to_kind(Kind::Double) - 8.0;
+                let scale = w.scale().to_kind(Kind::Double).repeat_interleave_self_int(cols / w.groups(), 1, None);
+                let exact_weights = q * scale;
+                let rounded = exact_weights.to_kind(Kind::BFloat16);
+                if scale_kind == Kind::BFloat16 {
+                    assert!(rounded.equal(&w.dequantize().unwrap()), "[{rows} × {cols}]");
+                }
+                let what = format!("{kernel:?}, [{rows} × {cols}], {scale_kind:?} scales, m={m}");
+                // identity activations give each weight rounded once to bf16, bit for bit
+                let eye = linear.forward(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu))).unwrap();
+                assert!(eye.tr().equal(&rounded), "{what}: the weights");
+                // and a product is the exact one of those weights, rounded once, give or take float32's sums
+                let weights = match kernel {
+                    Kernel::Dot4 => rounded.to_kind(Kind::Double),
+                    Kernel::Fma4 => exact_weights,
+                };
+                let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+                let y = linear.forward(&x).unwrap().to_kind(Kind::Double);
+                let x = x.to_kind(Kind::Double);
+                let exact = x.matmul(&weights.tr());
+                let step = exact.abs().clamp_min(1e-300).log2().floor().exp2() / 128.0;
+                let reach = x.abs().matmul(&weights.abs().tr()) / 262144.0 + &step; // 2^-18 of Σ|x · w|
+                let err = (&y - &exact).abs();
+                assert!(err.le_tensor(&reach).all().int64_value(&[]) == 1, "{what}: an output out of reach");
+                let missed = err.gt_tensor(&(step * (0.5 + 1e-6))).sum(Kind::Int64).int64_value(&[]);
+                assert!(missed * 100 <= err.numel() as i64, "{what}: {missed} of {} not exactly rounded", err.numel());
+            }
         }
     }
 

@@ -50,14 +50,6 @@ alignas(32) const int32_t MASKS[8][8] = {
     M(0), M(4), M(1), M(5), M(2), M(6), M(3), {0, 0, 0, 0, 0, 0, 0, 0}};
 #undef M
 
-// 8 of a block's scales, widened to float32 (exact): f16 by F16C's convert, bf16 by a shift.
-template <bool F16>
-__attribute__((target("avx2,f16c"))) inline __m256 widened(const uint16_t* s) {
-  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-  if constexpr (F16) return _mm256_cvtph_ps(half);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
-
 // Rows m..m+R of y for one block of 16 outputs. xs [R, K] float32: the activations scaled as above; corr [R,
 // groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling; s the
 // block's scales (f16 if F16, else bf16).
@@ -100,7 +92,7 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
     // as dot4: a group's scales are an eighth of its words' bytes, so an eighth of the distance ahead
     _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 8, _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
-      const __m256 scale = widened<F16>(s + g * 16 + h * 8);
+      const __m256 scale = widened8<F16>(s + g * 16 + h * 8);
       for (int r = 0; r < R; ++r) {
         __m256 sum = part[r][h][0];
         for (int i = 1; i < P; ++i) sum = _mm256_add_ps(sum, part[r][h][i]);

@@ -1,14 +1,21 @@
-// A prompt chunk's int4 product on a CPU with AMX: dot4's words turned back into bf16 weights a panel of rows at a
-// time, each panel multiplied by torch's bf16 matmul, which oneDNN runs on AMX's tiles. dot4.rs says when.
+// A prompt chunk's int4 product by panels: dot4's words turned back into weights a panel of rows at a time, each
+// panel multiplied by torch's matmul. dot4.rs says when. Two kinds:
+// - bf16 weights, on a CPU with AMX (dot4's): torch's bf16 matmul, which oneDNN runs on AMX's tiles;
+// - float32 weights, on a CPU with AVX2 and no bf16 matmul hardware (fma4's): torch's float32 matmul (MKL's, in its
+//   AVX2 code there), which does 8 multiply-adds an instruction as fma4 does, without fma4's widening of every
+//   nibble once per four activation rows.
 //
 // Why: a chunk multiplies every weight by hundreds of activation rows, so it waits on arithmetic, not memory.
 // dot4's `vdpbf16ps` does 32 multiply-adds an instruction; AMX's tile product does 16 × 16 × 32 (the bench's
 // "bf16 matmul rate" line measures torch's on each machine). Unpacking costs a few instructions per weight once
-// per chunk, where dot4 spends them once per four activation rows.
+// per chunk, where the kernels spend them once per four activation rows.
 //
-// What it computes: each weight (q − 8) · scale, exact in float32 (a 4-bit integer times a bf16 or f16 scale),
-// rounded once to bf16 (to nearest even) — with bf16 scales, the bits compressed-tensors' decompression and
-// step 03's bf16 path give — then torch's bf16 product: bf16 × bf16 exact, float32 sums, rounded once.
+// What it computes: each weight (q − 8) · scale, exact in float32 (a 4-bit integer times a bf16 or f16 scale).
+// bf16 panels round it once to bf16 (to nearest even) — with bf16 scales, the bits compressed-tensors'
+// decompression and step 03's bf16 path give — then torch's bf16 product: bf16 × bf16 exact, float32 sums, rounded
+// once. float32 panels keep it exact, as fma4 does: bf16 activations times those weights are exact in float32 (8
+// and 12 significant bits), the sums float32, rounded once to bf16 — the W4A16 arithmetic fma4 computes, its sums in
+// MKL's order.
 #include "bf16.h"
 
 #include <ATen/Parallel.h>
@@ -41,6 +48,27 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t
 }
 // --8<-- [end:unpack]
 
+// The same block into float32 weights, exact, 8 lanes at a time (AVX2, FMA and F16C: fma4's CPUs).
+template <bool F16>
+__attribute__((target("avx2,fma,f16c"))) void unpack_float(const int32_t* w, const uint16_t* s, int64_t K,
+                                                           int64_t group, float* wt, int64_t ld) {
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  for (int64_t g = 0; g < K / group; ++g) {
+    const __m256 scale[2] = {widened8<F16>(s + g * 16), widened8<F16>(s + g * 16 + 8)};
+    for (int64_t o = g * group / 8; o < (g + 1) * group / 8; ++o) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i word = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + o * 16 + h * 8));
+        for (int j = 0; j < 8; ++j) {
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi32(word, 4 * (j / 2) + 16 * (j % 2)), nibble);
+          const __m256 weight = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), eight), scale[h]);  // exact
+          _mm256_storeu_ps(wt + (8 * o + j) * ld + h * 8, weight);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // What the panels need of the CPU: AMX's bf16 tiles (their product is oneDNN's) and the AVX-512 the unpacking uses.
@@ -59,6 +87,18 @@ extern "C" void torchtpu_unpack_panel(const int32_t* w, const uint16_t* s, bool 
       const int32_t* wb = w + b * (K / 8) * 16;
       const uint16_t* sb = s + b * (K / group) * 16;
       (f16_scales ? unpack<true> : unpack<false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
+    }
+  });
+}
+
+// The same, float32 weights (AVX2, FMA and F16C: what torchtpu_fma4_supported asks).
+extern "C" void torchtpu_unpack_panel_float(const int32_t* w, const uint16_t* s, bool f16_scales, float* wt,
+                                            int64_t blocks, int64_t K, int64_t group) {
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* wb = w + b * (K / 8) * 16;
+      const uint16_t* sb = s + b * (K / group) * 16;
+      (f16_scales ? unpack_float<true> : unpack_float<false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
     }
   });
 }

@@ -1,7 +1,8 @@
 """torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by an int4 kernel on the CPU:
 this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2, FMA, F16C), else
 ATen's (aten::_weight_int4pack_mm_for_cpu). With AMX, dot4's prompt chunks go by panels: unpacked to bf16 a panel of
-rows at a time and multiplied by torch's bf16 matmul (panels_run()).
+rows at a time and multiplied by torch's bf16 matmul (panels_run()); fma4's by float32 panels and torch's float32
+matmul.
 
     import torch, torchtpu_int4
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")
