@@ -169,7 +169,7 @@ impl RmsNorm {
 
     /// `forward(x)`, or `rotated(x, rotation)`, of one token's heads written into `slot` of `cache [heads, slots, d]`
     /// in the same call (norm.rs); false where that call does not take them, and nothing written.
-    fn into_slot(&self, x: &Tensor, rotation: Option<&Rotation>, cache: &Tensor, slot: i64) -> Result<bool> {
+    fn write_into_slot(&self, x: &Tensor, rotation: Option<&Rotation>, cache: &Tensor, slot: i64) -> Result<bool> {
         if !norm::takes(x, self.weight.as_ref()) {
             return Ok(false);
         }
@@ -362,8 +362,8 @@ impl Attention {
             // a decode step's key and value normed straight into their slot where the norm's one call can (norm.rs)
             let written = match cache.slot_for_one(self.layer, slots, k.kind()) {
                 Some((keys, values, slot)) => {
-                    k_norm.into_slot(&k, Some(rotation), keys, slot)?
-                        && self.v_norm.into_slot(&v, None, values, slot)?
+                    k_norm.write_into_slot(&k, Some(rotation), keys, slot)?
+                        && self.v_norm.write_into_slot(&v, None, values, slot)?
                 }
                 None => false,
             };

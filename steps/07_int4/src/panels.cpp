@@ -48,6 +48,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t
 }
 // --8<-- [end:unpack]
 
+// --8<-- [start:unpack_float]
 // The same block into float32 weights, exact, 8 lanes at a time (AVX2, FMA and F16C: fma4's CPUs).
 template <bool F16>
 __attribute__((target("avx2,fma,f16c"))) void unpack_float(const int32_t* w, const uint16_t* s, int64_t K,
@@ -68,6 +69,7 @@ __attribute__((target("avx2,fma,f16c"))) void unpack_float(const int32_t* w, con
     }
   }
 }
+// --8<-- [end:unpack_float]
 
 }  // namespace
 
