@@ -344,11 +344,7 @@ impl Dot4Linear {
     /// Whether x's product goes by panels: from the kernel's `panel_min_rows`, dot4's where AMX runs, fma4's always
     /// (its CPUs have what the float32 unpacking needs, and torch's float32 matmul).
     fn by_panels_for(&self, x: &Tensor) -> bool {
-        x.size()[0] >= self.kernel.panel_min_rows()
-            && match self.kernel {
-                Kernel::Dot4 => cpu::panels_run(),
-                Kernel::Fma4 => true,
-            }
+        x.size()[0] >= self.kernel.panel_min_rows() && (self.kernel == Kernel::Fma4 || cpu::panels_run())
     }
 
     /// `x · Wᵀ` by the kernel itself, or the gelu of products times others (`out`). x is contiguous bf16 [m, cols]
@@ -417,20 +413,12 @@ impl Dot4Linear {
             unsafe {
                 let w = (self.words.data_ptr() as *const i32).add((start / 16 * octets * 16) as usize);
                 let s = (self.scales.data_ptr() as *const u16).add((start / 16 * groups * 16) as usize);
-                let f16_scales = self.scales.kind() == Kind::Half;
+                let (f16, blocks, group) = (self.scales.kind() == Kind::Half, n / 16, self.group);
                 match self.kernel {
-                    Kernel::Dot4 => {
-                        torchtpu_unpack_panel(w, s, f16_scales, wt.data_ptr() as *mut u16, n / 16, cols, self.group)
+                    Kernel::Dot4 => torchtpu_unpack_panel(w, s, f16, wt.data_ptr() as *mut u16, blocks, cols, group),
+                    Kernel::Fma4 => {
+                        torchtpu_unpack_panel_float(w, s, f16, wt.data_ptr() as *mut f32, blocks, cols, group)
                     }
-                    Kernel::Fma4 => torchtpu_unpack_panel_float(
-                        w,
-                        s,
-                        f16_scales,
-                        wt.data_ptr() as *mut f32,
-                        n / 16,
-                        cols,
-                        self.group,
-                    ),
                 }
             }
             y.f_narrow(1, start, n)?.f_copy_(&x.f_mm(&wt)?)?;
