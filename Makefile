@@ -28,6 +28,10 @@ export NO_MKDOCS_2_WARNING := 1
 # differ from an AVX2 Intel CPU's (QEMU's Haswell gives the bits MKL_ENABLE_INSTRUCTIONS=AVX2 gives). `make test`
 # runs AVX2_TESTS under it a second time.
 AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# The AVX512-BF16 stand-in: oneDNN kept from AMX, and so step 07's choice of panels — on an AMX Xeon, what an Intel
+# CPU with AVX512-BF16 and no AMX runs (dot4's prompt chunks by float32 panels). `make test` runs step 07's tests under
+# it a third time; `make bench-avx512` records the peer comparison under it.
+AVX512_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
 	steps/03_model/tests/test_records.py steps/04_parity/tests/test_parity.py steps/07_int4/tests
 
@@ -38,7 +42,7 @@ STEP_SOURCES := $(shell find steps \( -name tests -o -name target -o -name build
 	-type f \( -name '*.rs' -o -name 'Cargo.*' -o -name pyproject.toml -o -name '*.py' -o -name '*.pyi' \
 	-o -name '*.json' -o -name '*.safetensors' -o -name '*.cpp' -o -name '*.h' \) -print)
 
-.PHONY: run test bench bench-avx2 peer bench-peer train setup clean distclean
+.PHONY: run test bench bench-avx2 bench-avx512 peer bench-peer train setup clean distclean
 setup: .venv/.steps
 
 .venv/.deps: pyproject.toml Makefile
@@ -71,6 +75,9 @@ test: setup
 	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
 	$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
 	$(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
+	@echo "== step 07's tests again with oneDNN kept from AMX: what an Intel CPU with AVX512-BF16 and no AMX runs"
+	$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
+	$(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests
 	@echo "== step 07's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
 	tools/emulated-avx2.sh
 	mkdocs build --strict --site-dir site
@@ -87,17 +94,25 @@ bench-avx2: setup
 	$(AVX2_LIMIT) python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
 
 # llama.cpp, the benches' peer (step 04's second reference, step 05's llama.cpp ways): PyPI's llama-cpp-python,
-# pinned, built from its source distribution with the cmake wheel, twice — native (-march=native) and kept to AVX2
-# (the stand-in's) — into $(CACHE)/llama-cpp-python-<version>/, keyed on the flags, beside its converter; the
-# native build is installed into .venv. 6-12 minutes a build on 2 cores, 150 MB of cache. Never part of `make test`:
-# the tests that need it skip without it.
+# pinned, built from its source distribution with the cmake wheel, three times — native (-march=native), kept to
+# AVX-512 without AMX (an EPYC Zen 4's; on an AMX Xeon the fastest that runs) and kept to AVX2 (the stand-in's) —
+# into $(CACHE)/llama-cpp-python-<version>/, keyed on the flags, beside its converter; the native build is installed
+# into .venv. 6-12 minutes a build on 2 cores, 220 MB of cache. Never part of `make test`: the tests that need it
+# skip without it.
 peer: setup
-	tools/peer.sh native avx2
+	tools/peer.sh native avx512 avx2
 
 # Step 05's E2B bench with the two Rust ways the peer is compared with and every llama.cpp way, and step 06's with
 # Rust int4 beside llama.cpp's fastest Q4_0 ways at 512, 4,081 and 32,761 tokens (tools/bench-peer.txt).
 bench-peer: peer
 	python tools/record.py --list tools/bench-peer.txt --folder cpu-e2b --device cpu
+
+# The same comparison at 19, 512 and 4,081 tokens with oneDNN kept from AMX: on an AMX Xeon, how an Intel CPU with
+# AVX512-BF16 and no AMX fares beside llama.cpp. A stand-in, labeled as such in its record; elsewhere the same as
+# bench-peer's.
+bench-avx512: peer
+	$(AVX512_LIMIT) python tools/record.py --list tools/bench-peer.txt --folder cpu-e2b-avx512 --device cpu \
+		05_tpu-peer 06_longprompt-peer
 
 # The default model, trained again from scratch (about an hour and a half on 2 cores; resumes if interrupted),
 # exported, measured, and compared with the files step 03 ships. `make train SHIP=1` also replaces the shipped

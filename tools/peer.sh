@@ -7,7 +7,7 @@
 #   $PEER/<build>-<key>/ the wheel, its unpacked llama_cpp/lib (what LLAMA_CPP_LIB_PATH points at), cmake-args
 #   $PEER/builds.json    which folder each build is in: step 05's ways read it to pick a build
 # The native build is installed into .venv (its Python code is the same for both builds; only the library differs).
-# Usage: tools/peer.sh [native|avx2]...   (default: both)
+# Usage: tools/peer.sh [native|avx512|avx2]...   (default: all three)
 set -euo pipefail
 
 VERSION=0.3.36
@@ -19,6 +19,9 @@ COMMON="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 declare -A FLAGS=(
   [native]="-DGGML_NATIVE=ON"
   # The AVX2 stand-in: what an AVX2-only CPU would run (no AVX-512, so no AMX or AVX512-BF16 either).
+  # The AVX-512 stand-in: what an AMD EPYC Zen 4 runs (AVX-512 with VNNI, VBMI and BF16; no AMX). On an AMX Xeon it
+  # is llama.cpp's fastest build that runs: the native one repacks for AMX and crashes on these models.
+  [avx512]="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   [avx2]="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 )
 
@@ -45,7 +48,7 @@ key() {  # version + flags (+ the CPU for -march=native): 12 hex digits
   printf '%s\n%s %s\n%s' "$VERSION" "$COMMON" "${FLAGS[$1]}" "$cpu" | sha256sum | cut -c1-12
 }
 
-for build in "${@:-native avx2}"; do
+for build in "${@:-native avx512 avx2}"; do
   for b in $build; do
     dir=$PEER/$b-$(key "$b")
     if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then

@@ -17,9 +17,11 @@ NO_PEER = peer.missing("llamacpp-bf16")
 def test_a_way_names_its_build_format_and_repacking():
     assert peer.parse_way("llamacpp-q4_0") == ("native", "q4_0", True)
     assert peer.parse_way("llamacpp-avx2-q8_0-norepack") == ("avx2", "q8_0", False)
+    assert peer.parse_way("llamacpp-avx512-q4_0") == ("avx512", "q4_0", True)
     assert peer.name("llamacpp-avx2-bf16") == "llama.cpp BF16 (avx2 build, repacked)"
-    for bad in ("llamacpp-q5_k", "llamacpp-avx2", "llamacpp-q4_0-avx2", "rust-eager", "llamacpp-q4_0-norepack-x"):
-        with pytest.raises(ValueError, match="llamacpp\\[-avx2\\]"):
+    for bad in ("llamacpp-q5_k", "llamacpp-avx2", "llamacpp-avx512", "llamacpp-q4_0-avx2", "rust-eager",
+                "llamacpp-q4_0-norepack-x"):
+        with pytest.raises(ValueError, match="llamacpp\\[-avx512\\|-avx2\\]"):
             peer.parse_way(bad)
 
 

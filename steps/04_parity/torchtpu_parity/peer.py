@@ -3,11 +3,12 @@
     build, quant, repack = peer.parse_way("llamacpp-avx2-q4_0-norepack")   # ("avx2", "q4_0", False)
     why = peer.missing("llamacpp-q4_0")    # None when that way can run here, else a one-line reason
 
-A way is `llamacpp[-avx2]-<quant>[-norepack]`: the build (the native one, `-DGGML_NATIVE=ON`, or the one kept to
-AVX2), the GGUF's format (q4_0, q8_0, bf16), and whether llama.cpp may repack the weights into its CPU "extra
-buffer types" at load (its default; `use_extra_bufts` in the model params). `make peer` (tools/peer.sh) writes
+A way is `llamacpp[-avx512|-avx2]-<quant>[-norepack]`: the build (the native one, `-DGGML_NATIVE=ON`; the one kept
+to AVX-512 without AMX, what an AMD EPYC Zen 4 runs; or the one kept to AVX2), the GGUF's format (q4_0, q8_0,
+bf16), and whether llama.cpp may repack the weights into its CPU "extra buffer types" at load (its default;
+`use_extra_bufts` in the model params). `make peer` (tools/peer.sh) writes
 `builds.json` in its cache: the converter's folder and each build's library folder, which a way's process loads
-through `LLAMA_CPP_LIB_PATH` (llama-cpp-python's own switch), so both builds serve one installed package.
+through `LLAMA_CPP_LIB_PATH` (llama-cpp-python's own switch), so every build serves one installed package.
 Nothing here imports llama_cpp or torch: a comparison or a bench asks before it starts a process. Step 04 uses the
 peer as a second reference (`llama.py`); step 05 benches it beside the engine (torchtpu_ways' llama.cpp ways).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 VERSION = "0.3.36"  # the pinned llama-cpp-python (tools/peer.sh)
 QUANTS = ("q4_0", "q8_0", "bf16")
-BUILDS = ("native", "avx2")
+BUILDS = ("native", "avx512", "avx2")
 PREFIX = "llamacpp-"
 MAKE_PEER = "run `make peer` (builds llama.cpp from PyPI's llama-cpp-python source, 6-12 minutes a build on 2 cores)"
 
@@ -40,7 +41,7 @@ def parse_way(way: str) -> tuple[str, str, bool]:
     repack = not (parts and parts[-1] == "norepack")
     parts = parts[:-1] if not repack else parts
     if len(parts) != 1 or parts[0] not in QUANTS:
-        raise ValueError(f"way {way!r}: a llama.cpp way is llamacpp[-avx2]-<{'|'.join(QUANTS)}>[-norepack]")
+        raise ValueError(f"way {way!r}: a llama.cpp way is llamacpp[-avx512|-avx2]-<{'|'.join(QUANTS)}>[-norepack]")
     return build, parts[0], repack
 
 

@@ -29,7 +29,7 @@ def test_without_the_peer_its_ways_are_unavailable_and_say_why(tiny, tmp_path, m
 
 def test_llama_cpp_ways_are_listed_and_an_unknown_one_is_refused(tiny):
     assert {"llamacpp-q4_0", "llamacpp-q8_0-norepack", "llamacpp-avx2-q4_0", "llamacpp-bf16"} <= set(PEER)
-    with pytest.raises(ValueError, match="llamacpp\\[-avx2\\]"):
+    with pytest.raises(ValueError, match="llamacpp\\[-avx512\\|-avx2\\]"):
         run_way("llamacpp-q2_k", tiny / "text", None, "cpu", "bfloat16", 2048, [2, 17], 4)
 
 

@@ -24,8 +24,8 @@ NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile
 # Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit,
 # multiplied by the kernel it picks for this CPU; "rust-int4-aten" the same with ATen's int4 kernel, to compare.
 OPTIONAL = ["rust-int4", "rust-int4-aten"]
-# llama.cpp, the peer (peer.py): `llamacpp[-avx2]-<q4_0|q8_0|bf16>[-norepack]`, run only when asked for
-PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
+# llama.cpp, the peer (peer.py): `llamacpp[-avx512|-avx2]-<q4_0|q8_0|bf16>[-norepack]`, run only when asked for
+PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx512-", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
            "read_s", "read_tok_s", "bytes_per_token"]
@@ -63,7 +63,7 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
     checkpoint's eos ids), None for exactly `max_new` tokens."""
     if way not in WAYS + OPTIONAL + PEER:
         raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: "
-                         "llamacpp[-avx2]-<q4_0|q8_0|bf16>[-norepack]")
+                         "llamacpp[-avx512|-avx2]-<q4_0|q8_0|bf16>[-norepack]")
     if peer.is_peer(way):  # its own process and worker (peer_run); a crash there is a row, not an error
         from .peer_run import PeerUnavailable, run
 

@@ -9,3 +9,6 @@ extern "C" int torchtpu_aten_capability() {
   const std::string isa = at::get_cpu_capability();
   return isa == "AVX512" ? 2 : isa == "AVX2" ? 1 : 0;
 }
+
+// Whether the CPU is an Intel one (cpu.rs: dot4's prompt chunks by float32 panels there when AMX does not run).
+extern "C" bool torchtpu_intel() { return __builtin_cpu_is("intel"); }

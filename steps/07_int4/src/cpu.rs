@@ -3,7 +3,9 @@
 //! Each answer is the CPU's instruction set as torch itself is allowed to use it: a process started with
 //! `ATEN_CPU_CAPABILITY=avx2` (ATen's dispatch) and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) runs what an AVX2-only
 //! CPU runs — the walkthrough's stand-in for the many CPUs without bf16 matrix hardware (`make bench-avx2`, and
-//! `make test`'s AVX2 tier). The CPU's own feature flags come first: no setting adds an instruction.
+//! `make test`'s AVX2 tier). Likewise `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` alone keeps oneDNN, and so this step,
+//! from AMX: an AMX Xeon runs what an Intel CPU with AVX512-BF16 and no AMX runs (`make bench-avx512`). The CPU's
+//! own feature flags come first: no setting adds an instruction.
 use pyo3::prelude::*;
 
 extern "C" {
@@ -13,6 +15,7 @@ extern "C" {
     fn torchtpu_fma4_supported() -> bool;
     fn torchtpu_attend_supported() -> bool; // attend.cpp
     fn torchtpu_panels_supported() -> bool; // panels.cpp
+    fn torchtpu_intel() -> bool; // cpu.cpp
 }
 
 /// ATen's vector ISA in this process, as torch reports it: `DEFAULT < AVX2 < AVX512`.
@@ -48,13 +51,33 @@ pub fn fma4_runs() -> bool {
 }
 
 /// Whether dot4's prompt chunks go by panels (`torchtpu_unpack_panel`, then torch's bf16 matmul): AMX's bf16 tiles,
-/// which oneDNN multiplies on, and the AVX-512 the unpacking uses, with ATen allowed AVX-512.
+/// which oneDNN multiplies on, and the AVX-512 the unpacking uses, with ATen allowed AVX-512 and oneDNN allowed AMX.
 pub fn panels_run() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_panels_supported() };
-    flags && aten_isa() >= Isa::Avx512
+    flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
+}
+
+/// Whether dot4's prompt chunks go by float32 panels where the bf16 ones do not run (`torchtpu_unpack_panel_float`,
+/// then torch's float32 matmul, as fma4's): on an Intel CPU, whose two 512-bit FMA units give MKL's float32 product
+/// about twice what `vdpbf16ps` gives dot4 and oneDNN (an AMX Xeon kept from AMX, 2026-12-06: E2B's [12288 × 1536] at
+/// 512 rows 47 ms in float32, 82 in oneDNN's bf16, about 95 by dot4). An AMD EPYC Zen 4 splits a 512-bit
+/// instruction in two, which halves float32 but not the bf16 pairs' work: there dot4 reads a 508-token prompt
+/// faster than llama.cpp (step 07's record) and keeps every chunk.
+pub fn dot4_float_panels_run() -> bool {
+    // SAFETY: reads the CPU's vendor, nothing else.
+    dot4_runs() && !panels_run() && unsafe { torchtpu_intel() }
 }
 // --8<-- [end:choose]
+
+/// Whether oneDNN may use AMX in this process: `ONEDNN_MAX_CPU_ISA` (or its older name `DNNL_MAX_CPU_ISA`), which
+/// oneDNN reads once, unset, `ALL`, or one of its ISA names with AMX in it (`AVX512_CORE_AMX`, `AVX10_1_512_AMX`,
+/// ...); capped below (`AVX512_CORE_BF16`, `AVX2`, ...) it multiplies bf16 without AMX, and so does this step.
+fn onednn_allows_amx() -> bool {
+    let cap = std::env::var("ONEDNN_MAX_CPU_ISA").or_else(|_| std::env::var("DNNL_MAX_CPU_ISA"));
+    let cap = cap.unwrap_or_default().to_ascii_uppercase();
+    cap.is_empty() || cap == "ALL" || cap.contains("AMX")
+}
 
 /// Whether `torchtpu_attend_one` runs: AVX2 and FMA, with ATen allowed AVX2 (as fma4).
 pub fn attend_runs() -> bool {

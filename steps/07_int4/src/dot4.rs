@@ -82,15 +82,17 @@ extern "C" {
     );
 }
 
-/// From how many activation rows dot4's products go by panels where AMX runs (`cpu::panels_run`): a prompt chunk's
+/// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
 /// product, never a decode step's. Unpacking a matrix costs about what dot4 spends on 16 to 64 rows of it: on an
 /// Intel Xeon with AMX, quiet, 2 threads (2026-12-05), E2B's [12288 × 1536] took 3.5 / 11.1 / 14.1 / 115 ms by
 /// dot4 at 16 / 32 / 64 / 512 rows and 8.4 / 8.7 / 9.0 / 20.5 by panels; [2048 × 1536] 0.6 / 1.2 / 2.4 / 19.2 and
 /// 1.3 / 1.4 / 1.5 / 2.8; [1536 × 6144] 1.8 / 3.6 / 7.3 / 58.9 and 4.9 / 4.3 / 4.9 / 10.4.
 pub const PANEL_MIN_ROWS: i64 = 64;
-/// The same for fma4's float32 panels (`Kernel::Fma4`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads,
-/// best of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 /
-/// 97.7; [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5.
+/// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
+/// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
+/// [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5. The
+/// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 rows
+/// 11.9 ms, by float32 panels at 96 / 128 / 512 rows about 17 / 20.2 / 52.6 (dot4 about 18 / 24 / 95).
 pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
 /// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
 const PANEL_ROWS: i64 = 1024;
@@ -104,12 +106,34 @@ pub enum Kernel {
     Fma4,
 }
 
-impl Kernel {
-    /// From how many activation rows its products go by panels (where they run: `Dot4Linear::by_panels_for`).
-    pub fn panel_min_rows(self) -> i64 {
+/// What a prompt chunk's product is unpacked to, a panel of rows at a time, and multiplied by (`Dot4Linear::by_panels`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Panels {
+    /// bf16 weights (rounded once: step 03's) and torch's bf16 matmul, which oneDNN runs on AMX.
+    Bf16,
+    /// float32 weights (exact) and torch's float32 matmul (MKL's), rounded once to bf16.
+    Float,
+}
+
+impl Panels {
+    /// From how many activation rows a product goes by them.
+    pub fn min_rows(self) -> i64 {
         match self {
-            Kernel::Dot4 => PANEL_MIN_ROWS,
-            Kernel::Fma4 => FLOAT_PANEL_MIN_ROWS,
+            Panels::Bf16 => PANEL_MIN_ROWS,
+            Panels::Float => FLOAT_PANEL_MIN_ROWS,
+        }
+    }
+}
+
+impl Kernel {
+    /// The panels its products of many rows go by here (cpu.rs), or None: the kernel at every row count.
+    pub fn panels(self) -> Option<Panels> {
+        match self {
+            Kernel::Dot4 if cpu::panels_run() => Some(Panels::Bf16),
+            Kernel::Dot4 if cpu::dot4_float_panels_run() => Some(Panels::Float),
+            Kernel::Dot4 => None,
+            // its CPUs have what the float32 unpacking needs, and torch's float32 matmul
+            Kernel::Fma4 => Some(Panels::Float),
         }
     }
 
@@ -267,10 +291,9 @@ impl Dot4Linear {
             ));
         }
         let x = self.checked(x)?;
-        if self.by_panels_for(&x) {
-            self.by_panels(&x)
-        } else {
-            self.by_kernel(&x, Out::Products)
+        match self.panels_for(&x) {
+            Some(panels) => self.by_panels(&x, panels),
+            None => self.by_kernel(&x, Out::Products),
         }
     }
 
@@ -284,9 +307,9 @@ impl Dot4Linear {
             return Err(invalid!("{}: gelu_of_halves needs [gate; up] held in pairs", self.kernel.symbol()));
         }
         let x = self.checked(x)?;
-        if self.by_panels_for(&x) {
-            // a prompt chunk's product on AMX (its columns a block of gate's, a block of up's, ...), then the gelu
-            let both = self.by_panels(&x)?.f_unflatten(1, [-1, 2, 16])?;
+        if let Some(panels) = self.panels_for(&x) {
+            // a prompt chunk's product by panels (its columns a block of gate's, a block of up's, ...), then the gelu
+            let both = self.by_panels(&x, panels)?.f_unflatten(1, [-1, 2, 16])?;
             let half = |p: i64| both.f_select(2, p)?.f_flatten(1, 2);
             return tanh::gelu_times(&half(0)?, &half(1)?);
         }
@@ -315,8 +338,8 @@ impl Dot4Linear {
             ));
         }
         let up = up.f_contiguous()?;
-        if self.by_panels_for(&x) {
-            return tanh::gelu_times(&self.by_panels(&x)?, &up);
+        if let Some(panels) = self.panels_for(&x) {
+            return tanh::gelu_times(&self.by_panels(&x, panels)?, &up);
         }
         self.by_kernel(&x, Out::GeluTimes(&up))
     }
@@ -341,10 +364,9 @@ impl Dot4Linear {
         Ok(x.f_contiguous()?)
     }
 
-    /// Whether x's product goes by panels: from the kernel's `panel_min_rows`, dot4's where AMX runs, fma4's always
-    /// (its CPUs have what the float32 unpacking needs, and torch's float32 matmul).
-    fn by_panels_for(&self, x: &Tensor) -> bool {
-        x.size()[0] >= self.kernel.panel_min_rows() && (self.kernel == Kernel::Fma4 || cpu::panels_run())
+    /// The panels x's product goes by, if its rows are enough for the kernel's panels here (`Kernel::panels`).
+    fn panels_for(&self, x: &Tensor) -> Option<Panels> {
+        self.kernel.panels().filter(|panels| x.size()[0] >= panels.min_rows())
     }
 
     /// `x · Wᵀ` by the kernel itself, or the gelu of products times others (`out`). x is contiguous bf16 [m, cols]
@@ -392,16 +414,16 @@ impl Dot4Linear {
 
     // --8<-- [start:panels]
     /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to weights (panels.cpp: `(q - 8) ·
-    /// scale`), then torch's matmul — for dot4, bf16 weights (rounded once: step 03's) and bf16's product, which
-    /// oneDNN runs on AMX; for fma4, float32 weights (exact) and float32's product, rounded once to bf16 as it is
-    /// copied into y. x is contiguous bf16 [m, cols] (checked by `forward`).
-    fn by_panels(&self, x: &Tensor) -> Result<Tensor> {
+    /// scale`), then torch's matmul — bf16 weights (rounded once: step 03's) and bf16's product, which oneDNN runs on
+    /// AMX; or float32 weights (exact) and float32's product, rounded once to bf16 as it is copied into y. x is
+    /// contiguous bf16 [m, cols] (checked by `forward`); the panels run here (`Kernel::panels`, or the tests').
+    fn by_panels(&self, x: &Tensor, panels: Panels) -> Result<Tensor> {
         let [blocks, octets, _] = self.words.size()[..] else { unreachable!("words are 3-D") };
         let (rows, cols, groups) = (blocks * 16, octets * 8, self.scales.size()[1]);
         let y = Tensor::f_empty([x.size()[0], rows], (Kind::BFloat16, Device::Cpu))?;
-        let (kind, x) = match self.kernel {
-            Kernel::Dot4 => (Kind::BFloat16, x.shallow_clone()),
-            Kernel::Fma4 => (Kind::Float, x.f_to_kind(Kind::Float)?), // exact
+        let (kind, x) = match panels {
+            Panels::Bf16 => (Kind::BFloat16, x.shallow_clone()),
+            Panels::Float => (Kind::Float, x.f_to_kind(Kind::Float)?), // exact
         };
         let mut start = 0;
         while start < rows {
@@ -409,14 +431,14 @@ impl Dot4Linear {
             let wt = Tensor::f_empty([cols, n], (kind, Device::Cpu))?;
             // SAFETY: words and scales are contiguous in dot4's layout (made in `new`), block start / 16 onwards
             // holds n / 16 blocks (start and n are multiples of 16, start + n <= rows); wt is a fresh contiguous
-            // [cols, n] of the kind each writes; `by_panels_for` checked that panels run here.
+            // [cols, n] of the kind each writes; the caller checked that these panels run here.
             unsafe {
                 let w = (self.words.data_ptr() as *const i32).add((start / 16 * octets * 16) as usize);
                 let s = (self.scales.data_ptr() as *const u16).add((start / 16 * groups * 16) as usize);
                 let (f16, blocks, group) = (self.scales.kind() == Kind::Half, n / 16, self.group);
-                match self.kernel {
-                    Kernel::Dot4 => torchtpu_unpack_panel(w, s, f16, wt.data_ptr() as *mut u16, blocks, cols, group),
-                    Kernel::Fma4 => {
+                match panels {
+                    Panels::Bf16 => torchtpu_unpack_panel(w, s, f16, wt.data_ptr() as *mut u16, blocks, cols, group),
+                    Panels::Float => {
                         torchtpu_unpack_panel_float(w, s, f16, wt.data_ptr() as *mut f32, blocks, cols, group)
                     }
                 }
@@ -466,6 +488,26 @@ mod tests {
         let here: Vec<Kernel> = [Kernel::Dot4, Kernel::Fma4].into_iter().filter(|k| k.runs()).collect();
         if here.is_empty() {
             eprintln!("skipped: neither kernel runs on this CPU (no AVX2, FMA and F16C)");
+        }
+        here
+    }
+
+    /// A chunk's rows that go by the kernel's panels where they run here (by the kernel itself where none do).
+    fn chunk(kernel: Kernel) -> i64 {
+        kernel.panels().map_or(PANEL_MIN_ROWS, Panels::min_rows)
+    }
+
+    /// Each kernel here with each kind of panels that can run with it here, whether or not its products go by them:
+    /// bf16 ones where AMX runs, float32 ones wherever AVX2, FMA and F16C do (fma4's needs).
+    fn panels_here() -> Vec<(Kernel, Panels)> {
+        let mut here = vec![];
+        for kernel in kernels_here() {
+            if kernel == Kernel::Dot4 && cpu::panels_run() {
+                here.push((kernel, Panels::Bf16));
+            }
+            if Kernel::Fma4.runs() {
+                here.push((kernel, Panels::Float));
+            }
         }
         here
     }
@@ -613,7 +655,7 @@ mod tests {
             let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
             assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
             // a decode step's row, a short prompt's, and a chunk that goes by panels where they run
-            for m in [1, 5, kernel.panel_min_rows()] {
+            for m in [1, 5, chunk(kernel)] {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap(), c.forward(&x).unwrap()], 1);
                 assert!(all.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
@@ -646,7 +688,7 @@ mod tests {
                 assert_eq!(paired.bytes(), gate.bytes() + up.bytes());
                 // a decode step's row, a short prompt's (rows in tiles of 4 and a remainder), one by panels where
                 // they run; activations large enough that the gelu's tanh saturates on some outputs
-                for m in [1, 5, kernel.panel_min_rows()] {
+                for m in [1, 5, chunk(kernel)] {
                     for scale in [1.0, 40.0] {
                         let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * scale).to_kind(Kind::BFloat16);
                         let apart = gate.forward(&x).unwrap().gelu("tanh") * up.forward(&x).unwrap(); // ATen's ops
@@ -674,7 +716,7 @@ mod tests {
                 assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
                 // one matrix's products times a given `up` (the per-layer input's), the same bits; a pair, or an up of
                 // another shape, refused by name
-                for m in [1, 5, kernel.panel_min_rows()] {
+                for m in [1, 5, chunk(kernel)] {
                     let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
                     let other = Tensor::randn([m, rows], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let apart = gate.forward(&x).unwrap().gelu("tanh") * &other;
@@ -695,23 +737,19 @@ mod tests {
 
     #[test]
     fn panels_give_the_product_of_their_weights() {
-        for kernel in kernels_here() {
-            if kernel == Kernel::Dot4 && !cpu::panels_run() {
-                eprintln!("skipped for dot4: its panels do not run here (no AMX, or ATen kept to AVX2)");
-                continue;
-            }
+        for (kernel, panels) in panels_here() {
             // a panel and a remainder of 48 rows; E2B's down_proj with a chunk a little over the fewest rows
             // that go by panels; f16 scales (the emb4 twin's)
             let cases = [
-                (PANEL_ROWS + 48, 192, Kind::BFloat16, kernel.panel_min_rows()),
-                (1536, 6144, Kind::BFloat16, kernel.panel_min_rows() + 36),
-                (256, 1536, Kind::Half, kernel.panel_min_rows() + 3),
+                (PANEL_ROWS + 48, 192, Kind::BFloat16, panels.min_rows()),
+                (1536, 6144, Kind::BFloat16, panels.min_rows() + 36),
+                (256, 1536, Kind::Half, panels.min_rows() + 3),
             ];
             for (rows, cols, scale_kind, m) in cases {
                 let w = random_matrix_scaled_in(rows, cols, 4, scale_kind);
                 let linear = alone("w", &w, kernel).unwrap();
-                // the weights as the panels hold them: (q - 8) · scale, exact in float64; dot4's rounded once to
-                // bf16 — with bf16 scales, step 03's (`dequantize`) — fma4's float32 ones exact
+                // the weights as the panels hold them: (q - 8) · scale, exact in float64; bf16 panels' rounded once
+                // to bf16 — with bf16 scales, step 03's (`dequantize`) — float32 panels' exact
                 let q = w.nibbles(0, rows).unwrap().to_kind(Kind::Double) - 8.0;
                 let scale = w.scale().to_kind(Kind::Double).repeat_interleave_self_int(cols / w.groups(), 1, None);
                 let exact_weights = q * scale;
@@ -719,18 +757,21 @@ mod tests {
                 if scale_kind == Kind::BFloat16 {
                     assert!(rounded.equal(&w.dequantize().unwrap()), "[{rows} × {cols}]");
                 }
-                let what = format!("{kernel:?}, [{rows} × {cols}], {scale_kind:?} scales, m={m}");
+                let what = format!("{kernel:?} by {panels:?} panels, [{rows} × {cols}], {scale_kind:?} scales, m={m}");
                 // identity activations give each weight rounded once to bf16, bit for bit
-                let eye = linear.forward(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu))).unwrap();
+                let eye = linear.by_panels(&Tensor::eye(cols, (Kind::BFloat16, Device::Cpu)), panels).unwrap();
                 assert!(eye.tr().equal(&rounded), "{what}: the weights");
                 // and a product is the exact one of those weights, rounded once, give or take float32's sums
-                let weights = match kernel {
-                    Kernel::Dot4 => rounded.to_kind(Kind::Double),
-                    Kernel::Fma4 => exact_weights,
+                let weights = match panels {
+                    Panels::Bf16 => rounded.to_kind(Kind::Double),
+                    Panels::Float => exact_weights,
                 };
                 let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-                let y = linear.forward(&x).unwrap().to_kind(Kind::Double);
-                let x = x.to_kind(Kind::Double);
+                let y = linear.by_panels(&x, panels).unwrap();
+                if kernel.panels() == Some(panels) {
+                    assert!(linear.forward(&x).unwrap().equal(&y), "{what}: forward takes them");
+                }
+                let (y, x) = (y.to_kind(Kind::Double), x.to_kind(Kind::Double));
                 let exact = x.matmul(&weights.tr());
                 let step = exact.abs().clamp_min(1e-300).log2().floor().exp2() / 128.0;
                 let reach = x.abs().matmul(&weights.abs().tr()) / 262144.0 + &step; // 2^-18 of Σ|x · w|

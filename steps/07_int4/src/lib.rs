@@ -284,10 +284,21 @@ fn dot4_runs() -> bool {
 ///
 /// Whether dot4's prompt chunks (64 activation rows or more) go by panels in this process: unpacked to bf16 a
 /// panel of rows at a time and multiplied by torch's bf16 matmul, which oneDNN runs on AMX. The CPU has AMX and
-/// AVX512-BF16, and ATen may use AVX-512.
+/// AVX512-BF16, ATen may use AVX-512 and oneDNN AMX (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16). Where they do
+/// not run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (Engine.weights_reason says so).
 #[pyfunction]
 fn panels_run() -> bool {
     cpu::panels_run()
+}
+
+/// dot4_float_panels_run() -> bool
+///
+/// Whether dot4's prompt chunks (128 activation rows or more) go by float32 panels in this process, as fma4's do:
+/// unpacked to exact float32 weights and multiplied by torch's float32 matmul. dot4 runs, its bf16 panels do not
+/// (panels_run()), and the CPU is an Intel one, whose two 512-bit FMA units make MKL's float32 product the faster.
+#[pyfunction]
+fn dot4_float_panels_run() -> bool {
+    cpu::dot4_float_panels_run()
 }
 
 /// fma4_runs() -> bool
@@ -1089,7 +1100,7 @@ fn filtered_probs<'py>(
 }
 
 /// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `fma4_runs`, `panels_run`,
-/// `repack`, `Int4Linear`, and the versions it was built with.
+/// `dot4_float_panels_run`, `repack`, `Int4Linear`, and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1105,6 +1116,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;
+    m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
     m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
     m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;

@@ -5,8 +5,7 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
-use crate::cpu;
-use crate::dot4::{Dot4Linear, Kernel, Stacking, FLOAT_PANEL_MIN_ROWS, PANEL_MIN_ROWS};
+use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
@@ -61,18 +60,19 @@ impl Int4Matmul {
 
     /// The kernel as `weights_reason` names it: its op and, where they go by panels, how a prompt chunk goes.
     pub fn described(self) -> String {
-        match self {
-            Int4Matmul::Dot4 if cpu::panels_run() => format!(
-                "{}; prompt chunks of {PANEL_MIN_ROWS} rows or more by panels (torchtpu_unpack_panel, then torch's \
-                 bf16 matmul on AMX)",
-                self.kernel()
+        let (kernel, panels) = (self.kernel(), self.own().and_then(Kernel::panels));
+        match panels {
+            Some(p @ Panels::Bf16) => format!(
+                "{kernel}; prompt chunks of {} rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul \
+                 on AMX)",
+                p.min_rows()
             ),
-            Int4Matmul::Fma4 => format!(
-                "{}; prompt chunks of {FLOAT_PANEL_MIN_ROWS} rows or more by float32 panels (torchtpu_unpack_panel_float, \
-                 then torch's float32 matmul)",
-                self.kernel()
+            Some(p @ Panels::Float) => format!(
+                "{kernel}; prompt chunks of {} rows or more by float32 panels (torchtpu_unpack_panel_float, then \
+                 torch's float32 matmul)",
+                p.min_rows()
             ),
-            _ => self.kernel().to_string(),
+            None => kernel.to_string(),
         }
     }
 

@@ -27,7 +27,7 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
     if auto_kernel == "dot4" and torchtpu_int4.panels_run():
         name += ("; prompt chunks of 64 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
                  "AMX)")
-    if auto_kernel == "fma4":
+    if auto_kernel == "fma4" or (auto_kernel == "dot4" and torchtpu_int4.dot4_float_panels_run()):
         name += ("; prompt chunks of 128 rows or more by float32 panels (torchtpu_unpack_panel_float, then torch's "
                  "float32 matmul)")
     assert engine.weights_reason == f"auto: int4 runs on this device, multiplied by {name}"
@@ -310,15 +310,21 @@ def test_a_prompt_chunk_of_64_rows_or_more_goes_by_panels_as_the_bf16_path_reads
     assert same_prefix(int4.generate(PROMPTS[1], 8)[0], bf16.generate(PROMPTS[1], 8)[0]) >= 1
 
 
-@pytest.mark.skipif(not torchtpu_int4.fma4_runs(), reason="fma4 does not run here (no AVX2, FMA and F16C)")
-def test_fma4s_prompt_chunks_of_128_rows_or_more_go_by_float32_panels(tiny, tmp_path, kl):
-    """As above, with fma4 and a window of 128: the 128-row chunk's linears go by float32 panels, whose weights are
-    exact where the bf16 path's are rounded to bf16, so the logits are near the bf16 path's, not its bits. Measured
-    on an Intel Xeon with AMX (2026-12-06): KL at most 0.023 at any position, as for ATen's int4 kernel on the same
-    read (0.023), and 0.043 for fma4 itself with the tiny model's window of 16 (no panels); logits a position apart,
-    what a wrongly read weight would give, differ by KL 1.9 or more."""
+FLOAT_PANELS = {"fma4": torchtpu_int4.fma4_runs(), "dot4": torchtpu_int4.dot4_float_panels_run()}
+
+
+@pytest.mark.parametrize("kernel", sorted(FLOAT_PANELS))
+def test_prompt_chunks_of_128_rows_or_more_go_by_float32_panels(tiny, tmp_path, kl, kernel):
+    """As above, with a window of 128, for fma4 and, on an Intel CPU where the bf16 panels do not run, dot4: the
+    128-row chunk's linears go by float32 panels, whose weights are exact where the bf16 path's are rounded to bf16,
+    so the logits are near the bf16 path's, not its bits. Measured on an Intel Xeon with AMX (2026-12-06): KL at most
+    0.023 at any position, as for ATen's int4 kernel on the same read (0.023), and 0.043 for fma4 itself with the
+    tiny model's window of 16 (no panels); the same for dot4 with oneDNN kept from AMX; logits a position apart, what
+    a wrongly read weight would give, differ by KL 1.9 or more."""
+    if not FLOAT_PANELS[kernel]:
+        pytest.skip(f"{kernel}'s prompt chunks do not go by float32 panels here")
     folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
-    int4 = torchtpu_int4.Engine(folder, None, cpu(), CTX, int4_matmul="fma4")
+    int4 = torchtpu_int4.Engine(folder, None, cpu(), CTX, int4_matmul=kernel)
     bf16 = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16")
     assert "by float32 panels" in int4.weights_reason
     a, b = int4.logits(PROMPTS[1]), bf16.logits(PROMPTS[1])

@@ -162,8 +162,12 @@ def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
 def panels_run() -> bool:
     """Whether dot4's prompt chunks (64 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
-    bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, and ATen may use AVX-512). fma4's (128 rows or more) always
-    go by float32 panels (torch's float32 matmul)."""
+    bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, ATen may use AVX-512 and oneDNN AMX). Where they do not
+    run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (torch's float32 matmul), as fma4
+    always does; Engine.weights_reason names the way."""
+def dot4_float_panels_run() -> bool:
+    """Whether dot4's prompt chunks (128 rows or more) go by float32 panels here, as fma4's: dot4 runs, its bf16
+    panels do not (panels_run()), and the CPU is an Intel one (MKL's float32 product is the faster there)."""
 
 class Int4Linear:
     """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4",
