@@ -61,9 +61,9 @@ pub fn panels_run() -> bool {
 /// Whether dot4's prompt chunks go by float32 panels where the bf16 ones do not run (`torchtpu_unpack_panel_float`,
 /// then torch's float32 matmul, as fma4's): on an Intel CPU, whose two 512-bit FMA units give MKL's float32 product
 /// about twice what `vdpbf16ps` gives dot4 and oneDNN (an AMX Xeon kept from AMX, 2026-12-06: E2B's [12288 × 1536] at
-/// 512 rows 47 ms in float32, 82 in oneDNN's bf16, about 95 by dot4). An AMD EPYC Zen 4 splits a 512-bit
-/// instruction in two, which halves float32 but not the bf16 pairs' work: there dot4 reads a 508-token prompt
-/// faster than llama.cpp (step 07's record) and keeps every chunk.
+/// 512 rows 47 ms in float32, 82 in oneDNN's bf16, about 95 by dot4, which took 11.9 at 63 rows). An AMD EPYC Zen 4
+/// runs a 512-bit FMA as two 256-bit halves, so float32 has no such lead there, and dot4 read a 508-token prompt
+/// faster than llama.cpp on one (step 07's record): it keeps every chunk there (MKL's float32 not measured on it).
 pub fn dot4_float_panels_run() -> bool {
     // SAFETY: reads the CPU's vendor, nothing else.
     dot4_runs() && !panels_run() && unsafe { torchtpu_intel() }
