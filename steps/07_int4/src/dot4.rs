@@ -83,11 +83,13 @@ extern "C" {
 }
 
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
-/// product, never a decode step's. Unpacking a matrix costs about what dot4 spends on 16 to 64 rows of it: on an
-/// Intel Xeon with AMX, quiet, 2 threads (2026-12-05), E2B's [12288 × 1536] took 3.5 / 11.1 / 14.1 / 115 ms by
-/// dot4 at 16 / 32 / 64 / 512 rows and 8.4 / 8.7 / 9.0 / 20.5 by panels; [2048 × 1536] 0.6 / 1.2 / 2.4 / 19.2 and
-/// 1.3 / 1.4 / 1.5 / 2.8; [1536 × 6144] 1.8 / 3.6 / 7.3 / 58.9 and 4.9 / 4.3 / 4.9 / 10.4.
-pub const PANEL_MIN_ROWS: i64 = 64;
+/// product, never a decode step's. Unpacking a matrix costs about what dot4 spends on 20 rows of it: on an Intel Xeon
+/// with AMX, quiet, 2 threads, best of 5 (2026-12-06), E2B's [12288 × 1536] took 3.6 / 4.5 / 6.0 / 9.0 ms by dot4
+/// at 19 / 24 / 32 / 48 rows and 3.7 / 4.2 / 4.2 / 4.3 by panels (4.4 / 5.2 / 9.8 at 64 / 128 / 512);
+/// [1536 × 6144] 1.8 / 2.3 / 3.1 / 4.6 and 1.7 / 1.6 / 1.6 / 1.8; [2048 × 1536] 0.6 / 0.8 / 1.0 / 1.5 and 0.6 /
+/// 0.7 / 0.8 / 0.8. Until the unpacking wrote whole cache lines (panels.cpp: blocks in pairs) it was 64: the same
+/// Xeon that hour took 5.3 ms at 19 rows by panels.
+pub const PANEL_MIN_ROWS: i64 = 24;
 /// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
 /// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
 /// [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5. The

@@ -282,7 +282,7 @@ fn dot4_runs() -> bool {
 
 /// panels_run() -> bool
 ///
-/// Whether dot4's prompt chunks (64 activation rows or more) go by panels in this process: unpacked to bf16 a
+/// Whether dot4's prompt chunks (24 activation rows or more) go by panels in this process: unpacked to bf16 a
 /// panel of rows at a time and multiplied by torch's bf16 matmul, which oneDNN runs on AMX. The CPU has AMX and
 /// AVX512-BF16, ATen may use AVX-512 and oneDNN AMX (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16). Where they do
 /// not run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (Engine.weights_reason says so).

@@ -26,22 +26,35 @@
 namespace {
 
 // --8<-- [start:unpack]
-// One block of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout) into wt [K, ld], k-major:
-// the block's 16 weights of column k are 16 neighbours wt[k, 0..16], one store.
-template <bool F16>
+// Blocks of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout; block i's `i * stride` words and
+// scales after block 0's) into wt [K, ld], k-major: the blocks' 16 weights of column k are neighbours wt[k, 16 i ..
+// 16 i + 16]. Two blocks at a time where there are two (B = 2): their 32 weights of a column are one 64-byte store,
+// a whole cache line, where a block alone writes half a line and its neighbour the other half long after.
+template <int B, bool F16>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t* w, const uint16_t* s, int64_t K,
                                                                     int64_t group, uint16_t* wt, int64_t ld) {
   const __m512i nibble = _mm512_set1_epi32(0xF);
   const __m512 eight = _mm512_set1_ps(8.0f);
+  const int64_t words = K / 8 * 16, scales = K / group * 16;  // one block's
   for (int64_t g = 0; g < K / group; ++g) {
-    const __m512 scale = widened16<F16>(s + g * 16);
+    __m512 scale[B];
+    for (int i = 0; i < B; ++i) scale[i] = widened16<F16>(s + i * scales + g * 16);
     for (int64_t o = g * group / 8; o < (g + 1) * group / 8; ++o) {
-      const __m512i word = _mm512_loadu_si512(w + o * 16);
+      __m512i word[B];
+      for (int i = 0; i < B; ++i) word[i] = _mm512_loadu_si512(w + i * words + o * 16);
       // nibble j of the row's octet at bit 4 (j / 2) + 16 (j % 2) (dot4.cpp's layout)
       for (int j = 0; j < 8; ++j) {
-        const __m512i q = _mm512_and_si512(_mm512_srli_epi32(word, 4 * (j / 2) + 16 * (j % 2)), nibble);
-        const __m512 weight = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), eight), scale);  // exact
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + (8 * o + j) * ld), (__m256i)_mm512_cvtneps_pbh(weight));
+        __m256i out[B];
+        for (int i = 0; i < B; ++i) {
+          const __m512i q = _mm512_and_si512(_mm512_srli_epi32(word[i], 4 * (j / 2) + 16 * (j % 2)), nibble);
+          const __m512 weight = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), eight), scale[i]);  // exact
+          out[i] = (__m256i)_mm512_cvtneps_pbh(weight);
+        }
+        uint16_t* at = wt + (8 * o + j) * ld;
+        if constexpr (B == 2)
+          _mm512_storeu_si512(at, _mm512_inserti64x4(_mm512_castsi256_si512(out[0]), out[1], 1));
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), out[0]);
       }
     }
   }
@@ -84,11 +97,16 @@ extern "C" bool torchtpu_panels_supported() {
 // takes them (dot4.rs checks them).
 extern "C" void torchtpu_unpack_panel(const int32_t* w, const uint16_t* s, bool f16_scales, uint16_t* wt, int64_t blocks,
                                       int64_t K, int64_t group) {
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
+  // pairs of blocks, and the last one alone where their count is odd
+  at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t b = 2 * p;
       const int32_t* wb = w + b * (K / 8) * 16;
       const uint16_t* sb = s + b * (K / group) * 16;
-      (f16_scales ? unpack<true> : unpack<false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
+      if (b + 1 < blocks)
+        (f16_scales ? unpack<2, true> : unpack<2, false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
+      else
+        (f16_scales ? unpack<1, true> : unpack<1, false>)(wb, sb, K, group, wt + b * 16, 16 * blocks);
     }
   });
 }

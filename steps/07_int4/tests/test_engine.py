@@ -25,7 +25,7 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
     name = {"dot4": "torchtpu_dot4_mm", "fma4": "torchtpu_fma4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[
         auto_kernel]
     if auto_kernel == "dot4" and torchtpu_int4.panels_run():
-        name += ("; prompt chunks of 64 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
+        name += ("; prompt chunks of 24 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
                  "AMX)")
     if auto_kernel == "fma4" or (auto_kernel == "dot4" and torchtpu_int4.dot4_float_panels_run()):
         name += ("; prompt chunks of 128 rows or more by float32 panels (torchtpu_unpack_panel_float, then torch's "
@@ -295,7 +295,7 @@ def test_bad_decode_attention_is_named(tiny):
 
 
 @pytest.mark.skipif(not torchtpu_int4.panels_run(), reason="panels do not run here (no AMX, or ATen kept to AVX2)")
-def test_a_prompt_chunk_of_64_rows_or_more_goes_by_panels_as_the_bf16_path_reads_it(tiny, tmp_path, kl):
+def test_a_prompt_chunk_of_24_rows_or_more_goes_by_panels_as_the_bf16_path_reads_it(tiny, tmp_path, kl):
     """The tiny model reads prompts in chunks of its window, 16 tokens: never enough rows for the panels. A copy
     with a window of 128 reads PROMPTS[1] (201 ids) in chunks of 128 and 73 rows, every linear of them by panels,
     whose weights are the bf16 path's, multiplied by the same bf16 matmul (oneDNN's, on AMX): every position's

@@ -161,7 +161,7 @@ def dot4_runs() -> bool:
 def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
 def panels_run() -> bool:
-    """Whether dot4's prompt chunks (64 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
+    """Whether dot4's prompt chunks (24 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
     bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, ATen may use AVX-512 and oneDNN AMX). Where they do not
     run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (torch's float32 matmul), as fma4
     always does; Engine.weights_reason names the way."""
