@@ -93,8 +93,8 @@ pub const PANEL_MIN_ROWS: i64 = 24;
 /// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
 /// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
 /// [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5. The
-/// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 rows
-/// 11.9 ms, by float32 panels at 96 / 128 / 512 rows about 17 / 20.2 / 52.6 (dot4 about 18 / 24 / 95).
+/// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 / 96
+/// rows 11.9 / 18.3 ms (so about 24 at 128), by its float32 panels at 128 / 512 rows 17.9 / 52.3.
 pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
 /// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
 const PANEL_ROWS: i64 = 1024;
@@ -189,6 +189,8 @@ pub struct Dot4Linear {
     scales: Tensor,
     group: i64,
     kernel: Kernel,
+    /// The kernel's panels in this process (`Kernel::panels`), decided once here: a decode step's mat-vecs never ask.
+    panels: Option<Panels>,
     stacking: Stacking,
     bytes: i64,
     /// The memory `words` and `scales` are views of, kept as long as they are.
@@ -282,7 +284,8 @@ impl Dot4Linear {
             at += rows / 16;
         }
         let bytes = [&words, &scales].iter().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum();
-        Ok(Dot4Linear { words, scales, group, kernel, stacking, bytes, _pages: pages })
+        let panels = kernel.panels();
+        Ok(Dot4Linear { words, scales, group, kernel, panels, stacking, bytes, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -366,9 +369,9 @@ impl Dot4Linear {
         Ok(x.f_contiguous()?)
     }
 
-    /// The panels x's product goes by, if its rows are enough for the kernel's panels here (`Kernel::panels`).
+    /// The panels x's product goes by, if its rows are enough for the kernel's panels here.
     fn panels_for(&self, x: &Tensor) -> Option<Panels> {
-        self.kernel.panels().filter(|panels| x.size()[0] >= panels.min_rows())
+        self.panels.filter(|panels| x.size()[0] >= panels.min_rows())
     }
 
     /// `x · Wᵀ` by the kernel itself, or the gelu of products times others (`out`). x is contiguous bf16 [m, cols]
@@ -776,7 +779,7 @@ mod tests {
                 };
                 let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let y = linear.by_panels(&x, panels).unwrap();
-                if kernel.panels() == Some(panels) {
+                if linear.panels == Some(panels) {
                     assert!(linear.forward(&x).unwrap().equal(&y), "{what}: forward takes them");
                 }
                 let (y, x) = (y.to_kind(Kind::Double), x.to_kind(Kind::Double));

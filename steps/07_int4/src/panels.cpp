@@ -3,7 +3,8 @@
 // - bf16 weights, on a CPU with AMX (dot4's): torch's bf16 matmul, which oneDNN runs on AMX's tiles;
 // - float32 weights, on a CPU with AVX2 and no bf16 matmul hardware (fma4's): torch's float32 matmul (MKL's, in its
 //   AVX2 code there), which does 8 multiply-adds an instruction as fma4 does, without fma4's widening of every
-//   nibble once per four activation rows.
+//   nibble once per four activation rows; and on an Intel CPU with AVX512-BF16 and no AMX (dot4's, cpu.rs), where
+//   MKL's 16-lane float32 product outruns dot4's and oneDNN's bf16 pairs.
 //
 // Why: a chunk multiplies every weight by hundreds of activation rows, so it waits on arithmetic, not memory.
 // dot4's `vdpbf16ps` does 32 multiply-adds an instruction; AMX's tile product does 16 × 16 × 32 (the bench's
