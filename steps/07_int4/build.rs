@@ -32,6 +32,7 @@ fn main() {
     kernels.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
     kernels
         .file("src/dot4.cpp")
+        .file("src/amx4.cpp")
         .file("src/fma4.cpp")
         .file("src/attend.cpp")
         .file("src/norm.cpp")
@@ -41,6 +42,7 @@ fn main() {
         .compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
+    println!("cargo:rerun-if-changed=src/amx4.cpp");
     println!("cargo:rerun-if-changed=src/fma4.cpp");
     println!("cargo:rerun-if-changed=src/attend.cpp");
     println!("cargo:rerun-if-changed=src/norm.cpp");

@@ -15,6 +15,7 @@ extern "C" {
     fn torchtpu_fma4_supported() -> bool;
     fn torchtpu_attend_supported() -> bool; // attend.cpp
     fn torchtpu_panels_supported() -> bool; // panels.cpp
+    fn torchtpu_amx4_supported() -> bool; // amx4.cpp, with Linux's leave to use AMX's tiles
     fn torchtpu_intel() -> bool; // cpu.cpp
 }
 
@@ -55,6 +56,15 @@ pub fn fma4_runs() -> bool {
 pub fn panels_run() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_panels_supported() };
+    flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
+}
+
+/// Whether dot4's products of a short prompt's rows go by AMX's tiles (`torchtpu_amx4_mm`): AMX's bf16 tiles with
+/// Linux's leave to use them and dot4's AVX-512, with ATen allowed AVX-512 and oneDNN allowed AMX — the cap that keeps
+/// oneDNN from AMX keeps this step's own AMX kernel from it too, so the stand-in runs what a CPU without AMX runs.
+pub fn amx4_runs() -> bool {
+    // SAFETY: reads the CPU's feature flags and asks Linux once for the tiles' state; nothing else.
+    let flags = unsafe { torchtpu_amx4_supported() };
     flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
 }
 
@@ -106,7 +116,7 @@ mod tests {
             Ok("avx2") => {
                 assert_eq!(aten_isa(), Isa::Avx2);
                 assert!(fma4_runs() && attend_runs(), "fma4 and attend must run on an AVX2 CPU with FMA and F16C");
-                assert!(!dot4_runs() && !panels_run(), "no AVX-512 kernel may run here");
+                assert!(!dot4_runs() && !panels_run() && !amx4_runs(), "no AVX-512 kernel may run here");
                 // SAFETY: reads the CPU's feature flags, nothing else.
                 assert!(!unsafe { torchtpu_dot4_supported() }, "the CPU reports AVX512-BF16: not an AVX2-only CPU");
             }

@@ -17,6 +17,11 @@
 //! mask leaves one nibble where it lies, `u · 16^p`, an integer the convert instruction makes float32 exactly, and
 //! the activation it multiplies was divided by 16^p beforehand — one AND, one convert and one FMA per 8 weights, the
 //! same exact products and float32 sums (fma4.cpp's header). The layout serves both, so one repack serves both.
+//!
+//! A prompt's rows multiply each weight many times, so there the arithmetic, not memory, sets the pace. Where AMX
+//! runs, dot4's products of a few to a hundred-odd rows go by its tiles instead (`torchtpu_amx4_mm`, src/amx4.cpp):
+//! the same words made into the tile's operand, 16 × 16 × 32 products an instruction, the same arithmetic. Chunks of
+//! more rows go by panels (`by_panels`): unpacked to weights and multiplied by torch's matmul.
 use std::sync::Arc;
 
 use memmap2::MmapMut;
@@ -60,6 +65,20 @@ extern "C" {
         gelu_lanes: i32,
         up: *const u16,
     );
+    // amx4.cpp: dot4's products on AMX's tiles, as torchtpu_dot4_mm takes them
+    fn torchtpu_amx4_mm(
+        x: *const u16,
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        y: *mut u16,
+        m: i64,
+        n: i64,
+        k: i64,
+        group: i64,
+        gelu_lanes: i32,
+        up: *const u16,
+    );
     // panels.cpp: `blocks` blocks of 16 rows back to bf16 weights, into wt [k, 16 · blocks]
     fn torchtpu_unpack_panel(
         w: *const i32,
@@ -82,20 +101,26 @@ extern "C" {
     );
 }
 
+/// From how many activation rows dot4's products go by AMX's tiles (`torchtpu_amx4_mm`, amx4.cpp) where they run: a
+/// prompt's, never a decode step's. On an Intel Xeon with AMX, 2 threads, best of 7 (2026-12-06), E2B's [12288 ×
+/// 1536] took 0.74 / 0.94 / 1.25 ms by dot4 at 3 / 4 / 5 rows and 0.84 / 0.83 / 0.89 by the tiles; [1536 × 6144]
+/// 0.35 / 0.45 / 0.58 and 0.40 / 0.45 / 0.45 (at 1 row 0.29 and 0.14 ms either way: dot4's, memory's pace).
+pub const TILE_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
-/// product, never a decode step's. Unpacking a matrix costs about what dot4 spends on 20 rows of it: on an Intel Xeon
-/// with AMX, quiet, 2 threads, best of 5 (2026-12-06), E2B's [12288 × 1536] took 3.6 / 4.5 / 6.0 / 9.0 ms by dot4
-/// at 19 / 24 / 32 / 48 rows and 3.7 / 4.2 / 4.2 / 4.3 by panels (4.4 / 5.2 / 9.8 at 64 / 128 / 512);
-/// [1536 × 6144] 1.8 / 2.3 / 3.1 / 4.6 and 1.7 / 1.6 / 1.6 / 1.8; [2048 × 1536] 0.6 / 0.8 / 1.0 / 1.5 and 0.6 /
-/// 0.7 / 0.8 / 0.8. Until the unpacking wrote whole cache lines (panels.cpp: blocks in pairs) it was 64: the same
-/// Xeon that hour took 5.3 ms at 19 rows by panels.
-pub const PANEL_MIN_ROWS: i64 = 24;
+/// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel:
+/// on an Intel Xeon with AMX, 2 threads, best of 7 (2026-12-06), E2B's [12288 × 1536] took 1.45 / 1.40 / 4.59 / 6.08
+/// / 7.74 ms by the tiles at 19 / 32 / 96 / 128 / 160 rows and 4.57 / 4.90 / 6.18 / 6.55 / 7.03 by panels (dot4 4.25
+/// at 19, 29.1 at 128); [1536 × 6144] 0.63 / 0.76 / 2.45 / 3.43 / 4.38 and 2.32 / 2.03 / 2.88 / 3.29 / 3.37;
+/// [2048 × 1536] 0.22 / 0.28 / 0.83 / 1.00 / 1.23 and 0.72 / 0.77 / 0.98 / 0.99 / 1.13.
+pub const PANEL_MIN_ROWS: i64 = 128;
 /// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
 /// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
 /// [2048 × 1536] 2.4 / 4.9 / 21.7 and 2.9 / 4.7 / 15.4; [1536 × 6144] 8.2 / 18.0 / 63.8 and 9.2 / 15.3 / 48.5. The
 /// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 / 96
 /// rows 11.9 / 18.3 ms (so about 24 at 128), by its float32 panels at 128 / 512 rows 17.9 / 52.3.
 pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
+/// The symbol of dot4's products on AMX's tiles (named where the engine says how its products go).
+pub const TILES: &str = "torchtpu_amx4_mm";
 /// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
 const PANEL_ROWS: i64 = 1024;
 
@@ -137,6 +162,11 @@ impl Kernel {
             // its CPUs have what the float32 unpacking needs, and torch's float32 matmul
             Kernel::Fma4 => Some(Panels::Float),
         }
+    }
+
+    /// Whether its products of `TILE_MIN_ROWS` rows or more go by AMX's tiles here (cpu.rs): dot4's, where AMX runs.
+    pub fn tiles(self) -> bool {
+        self == Kernel::Dot4 && cpu::amx4_runs()
     }
 
     /// The kernel's symbol (named in every error about it).
@@ -191,6 +221,8 @@ pub struct Dot4Linear {
     kernel: Kernel,
     /// The kernel's panels in this process (`Kernel::panels`), decided once here: a decode step's mat-vecs never ask.
     panels: Option<Panels>,
+    /// Whether its products of `TILE_MIN_ROWS` rows or more go by AMX's tiles (`Kernel::tiles`), decided here too.
+    tiles: bool,
     stacking: Stacking,
     bytes: i64,
     /// The memory `words` and `scales` are views of, kept as long as they are.
@@ -284,8 +316,8 @@ impl Dot4Linear {
             at += rows / 16;
         }
         let bytes = [&words, &scales].iter().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum();
-        let panels = kernel.panels();
-        Ok(Dot4Linear { words, scales, group, kernel, panels, stacking, bytes, _pages: pages })
+        let (panels, tiles) = (kernel.panels(), kernel.tiles());
+        Ok(Dot4Linear { words, scales, group, kernel, panels, tiles, stacking, bytes, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -387,15 +419,16 @@ impl Dot4Linear {
             Out::GeluOfPairs => (lanes, std::ptr::null()),
             Out::GeluTimes(up) => (lanes, up.data_ptr() as *const u16),
         };
+        let multiply = if self.tiles && m >= TILE_MIN_ROWS { torchtpu_amx4_mm } else { self.kernel.multiply() };
         let y = Tensor::f_empty([m, outputs], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
             // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, outputs], up null or contiguous bf16 [m, rows]
             // (`gelu_times`), words and scales contiguous in the layout above (made in `new`: in pairs for
             // `Out::GeluOfPairs`, `gelu_of_halves` checked), all on the host; shapes checked here and in `new` (rows %
-            // 16, cols % group, group % 8), which is all the kernels assume; `new` checked that this one runs here,
-            // and with it the AVX2 or AVX-512 the gelu's lanes need.
+            // 16, cols % group, group one of 32, 64, 128, 256), which is all the kernels assume; `new` checked that
+            // this one runs here, and with it the AVX2 or AVX-512 the gelu's lanes need, and whether AMX's tiles do.
             unsafe {
-                (self.kernel.multiply())(
+                multiply(
                     x.data_ptr() as *const u16,
                     self.words.data_ptr() as *const i32,
                     self.scales.data_ptr() as *const u16,
@@ -502,6 +535,13 @@ mod tests {
         kernel.panels().map_or(PANEL_MIN_ROWS, Panels::min_rows)
     }
 
+    /// The row counts the tests multiply by: a decode step's; a few (dot4's own below `TILE_MIN_ROWS`, AMX's tiles
+    /// from it where they run); a short prompt's, in one tile of 32 rows and in two and a remainder; and a chunk that
+    /// goes by panels where they run.
+    fn row_counts(kernel: Kernel) -> [i64; 5] {
+        [1, 5, 19, 37, chunk(kernel)]
+    }
+
     /// Each kernel here with each kind of panels that can run with it here, whether or not its products go by them:
     /// bf16 ones where AMX runs, float32 ones wherever AVX2, FMA and F16C do (fma4's needs).
     fn panels_here() -> Vec<(Kernel, Panels)> {
@@ -578,13 +618,14 @@ mod tests {
 
     #[test]
     fn the_product_is_the_exact_one_rounded_once() {
-        // 1,072 rows: a block of REPACK_ROWS and a remainder of 48, with 1 to 5 rows of x (every tile size, and
-        // two tiles); E2B's q_proj [2048 × 1536] with a decode step's row and a few; f16 scales, as the emb4
-        // twin's tables have them (exact in float32: nothing is rounded to bf16 first)
+        // 1,072 rows: a block of REPACK_ROWS and a remainder of 48, with 1 to 5 rows of x (every tile size of the
+        // vector kernels, and two tiles); E2B's q_proj [2048 × 1536] with a decode step's row, a few, and a short
+        // prompt's (AMX's tiles of 16 and 32 rows, and two tiles and a remainder, where they run); f16 scales, as the
+        // emb4 twin's tables have them (exact in float32: nothing is rounded to bf16 first)
         let cases = [
-            (REPACK_ROWS + 48, 192, Kind::BFloat16, 1..=5),
-            (2048, 1536, Kind::BFloat16, 1..=4),
-            (256, 1536, Kind::Half, 1..=2),
+            (REPACK_ROWS + 48, 192, Kind::BFloat16, vec![1, 2, 3, 4, 5]),
+            (2048, 1536, Kind::BFloat16, vec![1, 4, 16, 19, 37]),
+            (256, 1536, Kind::Half, vec![1, 2, 19]),
         ];
         for kernel in kernels_here() {
             for (rows, cols, scale_kind, ms) in cases.clone() {
@@ -617,7 +658,7 @@ mod tests {
                 let scale = (Tensor::rand([rows, 3], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
                 let w = packed_of(&nibbles, scale);
                 let linear = alone("w", &w, kernel).unwrap();
-                for m in [1, 3, 9] {
+                for m in [1, 3, 9, 19] {
                     let x = Tensor::randn([m, 96], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let _ = check_within(&linear, &w, &x, &format!("nibbles all {value}, [{rows} × 96], m={m}"));
                 }
@@ -631,9 +672,11 @@ mod tests {
                 let scale = extremes.index_select(0, &picks).view([32, cols / group]).to_kind(Kind::Half);
                 let w = packed_of(&nibbles, scale);
                 let linear = alone("w", &w, kernel).unwrap();
-                let x = Tensor::randn([2, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-                let _ =
-                    check_within(&linear, &w, &x, &format!("f16 scales at the extremes, [32 × {cols}], group {group}"));
+                for m in [2, 20] {
+                    let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+                    let what = format!("f16 scales at the extremes, [32 × {cols}], group {group}, m={m}");
+                    let _ = check_within(&linear, &w, &x, &what);
+                }
             }
             // activations far apart in one row (a tiny one beside large ones: fma4 divides it by up to 2^24), a row
             // of zeros, and a row of one large value; every output within reach (these have too few outputs for a
@@ -644,9 +687,11 @@ mod tests {
             let _ = x.get(0).get(7).fill_(1e-30);
             let _ = x.get(1).fill_(0.0);
             let _ = x.get(2).fill_(0.0).get(63).fill_(1e30);
-            let x = x.to_kind(Kind::BFloat16);
-            let _ = check_within(&linear, &w, &x, "activations far apart, zeros, one large value");
-            assert!(linear.forward(&x).unwrap().get(1).eq(0.0).all().int64_value(&[]) == 1, "{kernel:?}: zeros");
+            // those 3 rows, and 7 times over (21 rows: AMX's tiles, where they run)
+            for x in [x.to_kind(Kind::BFloat16), x.repeat([7, 1]).to_kind(Kind::BFloat16)] {
+                let _ = check_within(&linear, &w, &x, "activations far apart, zeros, one large value");
+                assert!(linear.forward(&x).unwrap().get(1).eq(0.0).all().int64_value(&[]) == 1, "{kernel:?}: zeros");
+            }
         }
     }
 
@@ -659,8 +704,7 @@ mod tests {
             let all = Dot4Linear::new("a, b and c", &[&a, &b, &c], Stacking::Rows, kernel, &mut arena).unwrap();
             let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
             assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
-            // a decode step's row, a short prompt's, and a chunk that goes by panels where they run
-            for m in [1, 5, chunk(kernel)] {
+            for m in row_counts(kernel) {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap(), c.forward(&x).unwrap()], 1);
                 assert!(all.forward(&x).unwrap().equal(&apart), "{kernel:?}, m={m}");
@@ -691,9 +735,8 @@ mod tests {
                     Dot4Linear::new("gate and up", &[&gate, &up], Stacking::Pairs, kernel, &mut arena).unwrap();
                 let [gate, up] = [("gate", &gate), ("up", &up)].map(|(name, w)| alone(name, w, kernel).unwrap());
                 assert_eq!(paired.bytes(), gate.bytes() + up.bytes());
-                // a decode step's row, a short prompt's (rows in tiles of 4 and a remainder), one by panels where
-                // they run; activations large enough that the gelu's tanh saturates on some outputs
-                for m in [1, 5, chunk(kernel)] {
+                // activations large enough that the gelu's tanh saturates on some outputs
+                for m in row_counts(kernel) {
                     for scale in [1.0, 40.0] {
                         let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * scale).to_kind(Kind::BFloat16);
                         let apart = gate.forward(&x).unwrap().gelu("tanh") * up.forward(&x).unwrap(); // ATen's ops
@@ -721,7 +764,7 @@ mod tests {
                 assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
                 // one matrix's products times a given `up` (the per-layer input's), the same bits; a pair, or an up of
                 // another shape, refused by name
-                for m in [1, 5, chunk(kernel)] {
+                for m in row_counts(kernel) {
                     let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
                     let other = Tensor::randn([m, rows], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let apart = gate.forward(&x).unwrap().gelu("tanh") * &other;
@@ -801,13 +844,16 @@ mod tests {
             return;
         }
         // both round their float32 sums once; their sums are added in other orders, so now and then an output is
-        // a bf16 step apart, never more than the exactness bound allows either of them
+        // a bf16 step apart, never more than the exactness bound allows either of them; at 19 rows dot4's go by AMX's
+        // tiles where they run, in the tile's order
         let w = random_matrix(2048, 1536, 11);
-        let x = Tensor::randn([3, 1536], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
-        let dot4 = alone("w", &w, Kernel::Dot4).unwrap().forward(&x).unwrap();
-        let fma4 = alone("w", &w, Kernel::Fma4).unwrap().forward(&x).unwrap();
-        let same = dot4.eq_tensor(&fma4).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
-        assert!(same > 0.95, "only {same} of the outputs are the same bits");
+        for m in [3, 19] {
+            let x = Tensor::randn([m, 1536], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+            let dot4 = alone("w", &w, Kernel::Dot4).unwrap().forward(&x).unwrap();
+            let fma4 = alone("w", &w, Kernel::Fma4).unwrap().forward(&x).unwrap();
+            let same = dot4.eq_tensor(&fma4).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+            assert!(same > 0.95, "m={m}: only {same} of the outputs are the same bits");
+        }
     }
 
     #[test]

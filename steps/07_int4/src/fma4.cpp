@@ -156,7 +156,7 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
       default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
     }
   };
-  write_blocks(M, N, gelu_lanes, up, y, outputs);
+  write_blocks<4>(M, N, gelu_lanes, up, y, outputs);
 }
 
 }  // namespace

@@ -280,9 +280,20 @@ fn dot4_runs() -> bool {
     Kernel::Dot4.runs()
 }
 
+/// amx4_runs() -> bool
+///
+/// Whether dot4's products of 4 to 127 activation rows (a short prompt's, never a decode step's) go by AMX's tiles
+/// in this process (torchtpu_amx4_mm: dot4's words made into the tile's operand, dot4's arithmetic). The CPU has AMX
+/// and AVX512-BF16, Linux lets the process use AMX's tiles, ATen may use AVX-512 and oneDNN AMX (not under
+/// ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16).
+#[pyfunction]
+fn amx4_runs() -> bool {
+    cpu::amx4_runs()
+}
+
 /// panels_run() -> bool
 ///
-/// Whether dot4's prompt chunks (24 activation rows or more) go by panels in this process: unpacked to bf16 a
+/// Whether dot4's prompt chunks (128 activation rows or more) go by panels in this process: unpacked to bf16 a
 /// panel of rows at a time and multiplied by torch's bf16 matmul, which oneDNN runs on AMX. The CPU has AMX and
 /// AVX512-BF16, ATen may use AVX-512 and oneDNN AMX (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16). Where they do
 /// not run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (Engine.weights_reason says so).
@@ -1115,11 +1126,13 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInt4Linear>()?;
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(amx4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;
     m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
     m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
     m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;
+    m.add("AMX4_KERNEL", dot4::TILES)?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

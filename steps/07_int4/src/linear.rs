@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
-use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking};
+use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking, TILES, TILE_MIN_ROWS};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
@@ -58,22 +58,21 @@ impl Int4Matmul {
         }
     }
 
-    /// The kernel as `weights_reason` names it: its op and, where they go by panels, how a prompt chunk goes.
+    /// The kernel as `weights_reason` names it: its op and, where they go otherwise, how a prompt's products go.
     pub fn described(self) -> String {
-        let (kernel, panels) = (self.kernel(), self.own().and_then(Kernel::panels));
-        match panels {
-            Some(p @ Panels::Bf16) => format!(
-                "{kernel}; prompt chunks of {} rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul \
-                 on AMX)",
-                p.min_rows()
-            ),
-            Some(p @ Panels::Float) => format!(
-                "{kernel}; prompt chunks of {} rows or more by float32 panels (torchtpu_unpack_panel_float, then \
-                 torch's float32 matmul)",
-                p.min_rows()
-            ),
-            None => kernel.to_string(),
+        let mut described = self.kernel().to_string();
+        let Some(kernel) = self.own() else { return described };
+        if kernel.tiles() {
+            described += &format!("; products of {TILE_MIN_ROWS} rows or more by AMX's tiles ({TILES})");
         }
+        if let Some(panels) = kernel.panels() {
+            let by = match panels {
+                Panels::Bf16 => "panels (torchtpu_unpack_panel, then torch's bf16 matmul on AMX)",
+                Panels::Float => "float32 panels (torchtpu_unpack_panel_float, then torch's float32 matmul)",
+            };
+            described += &format!("; prompt chunks of {} rows or more by {by}", panels.min_rows());
+        }
+        described
     }
 
     /// This step's own kernel it names, if it names one.

@@ -1,8 +1,9 @@
 """torchtpu_int4: step 03's Gemma 4 engine with its linears kept 4-bit, multiplied by an int4 kernel on the CPU:
 this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2, FMA, F16C), else
-ATen's (aten::_weight_int4pack_mm_for_cpu). With AMX, dot4's prompt chunks go by panels: unpacked to bf16 a panel of
-rows at a time and multiplied by torch's bf16 matmul (panels_run()); fma4's, and an Intel CPU's dot4 without AMX,
-by float32 panels and torch's float32 matmul.
+ATen's (aten::_weight_int4pack_mm_for_cpu). With AMX, dot4's products of a short prompt's rows go by AMX's tiles
+(torchtpu_amx4_mm, amx4_runs()) and its longer prompt chunks by panels: unpacked to bf16 a panel of rows at a time
+and multiplied by torch's bf16 matmul (panels_run()); fma4's, and an Intel CPU's dot4 without AMX, by float32 panels
+and torch's float32 matmul.
 
     import torch, torchtpu_int4
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")
@@ -18,6 +19,7 @@ Transformers reference) are step 03's, in `torchtpu_rs`.
 import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that torch loads)
 
 from ._engine import (
+    AMX4_KERNEL,
     BUILT_WITH_TORCH,
     DOT4_KERNEL,
     FMA4_KERNEL,
@@ -27,6 +29,7 @@ from ._engine import (
     Engine,
     Int4Linear,
     TokenStream,
+    amx4_runs,
     dot4_float_panels_run,
     dot4_runs,
     filtered_probs,
@@ -41,5 +44,5 @@ from ._engine import (
 WEIGHTS = ("auto", "int4", "bf16")
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "fma4_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL", "DOT4_KERNEL", "FMA4_KERNEL",
-           "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+           "fma4_runs", "amx4_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL", "DOT4_KERNEL",
+           "FMA4_KERNEL", "AMX4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]

@@ -11,6 +11,7 @@ BUILT_WITH_TORCH: str
 INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
 DOT4_KERNEL: str  # "torchtpu_dot4_mm"
 FMA4_KERNEL: str  # "torchtpu_fma4_mm"
+AMX4_KERNEL: str  # "torchtpu_amx4_mm": dot4's products of a short prompt's rows on AMX's tiles
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
@@ -160,8 +161,12 @@ def dot4_runs() -> bool:
     """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
 def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
+def amx4_runs() -> bool:
+    """Whether dot4's products of 4 to 127 rows (a short prompt's) go by AMX's tiles here (torchtpu_amx4_mm, dot4's
+    arithmetic): the CPU has AMX and AVX512-BF16, Linux lets the process use the tiles, ATen may use AVX-512 and
+    oneDNN AMX."""
 def panels_run() -> bool:
-    """Whether dot4's prompt chunks (24 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
+    """Whether dot4's prompt chunks (128 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
     bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, ATen may use AVX-512 and oneDNN AMX). Where they do not
     run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (torch's float32 matmul), as fma4
     always does; Engine.weights_reason names the way."""
