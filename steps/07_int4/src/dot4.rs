@@ -102,16 +102,18 @@ extern "C" {
 }
 
 /// From how many activation rows dot4's products go by AMX's tiles (`torchtpu_amx4_mm`, amx4.cpp) where they run: a
-/// prompt's, never a decode step's. On an Intel Xeon with AMX, 2 threads, best of 7 (2026-12-06), E2B's [12288 ×
-/// 1536] took 0.74 / 0.94 / 1.25 ms by dot4 at 3 / 4 / 5 rows and 0.84 / 0.83 / 0.89 by the tiles; [1536 × 6144]
-/// 0.35 / 0.45 / 0.58 and 0.40 / 0.45 / 0.45 (at 1 row 0.29 and 0.14 ms either way: dot4's, memory's pace).
+/// prompt's, never a decode step's. On an Intel Xeon with AMX, 2 threads, best of 9 (2026-12-06), E2B's [12288 ×
+/// 1536] took 0.64 / 0.82-0.86 / 1.10 ms by dot4 at 3 / 4 / 5 rows and 0.60 / 0.60 by the tiles at 4 / 5; [2048 ×
+/// 1536] 0.10-0.11 / 0.14 / 0.18 and 0.11 / 0.11; [1536 × 6144] 0.35-0.37 / 0.43-0.46 / 0.56 and 0.39-0.40 / 0.38-0.41
+/// (at 1 row 0.29, 0.05 and 0.14 ms either way: dot4's, memory's pace).
 pub const TILE_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
-/// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel:
-/// on an Intel Xeon with AMX, 2 threads, best of 7 (2026-12-06), E2B's [12288 × 1536] took 1.45 / 1.40 / 4.59 / 6.08
-/// / 7.74 ms by the tiles at 19 / 32 / 96 / 128 / 160 rows and 4.57 / 4.90 / 6.18 / 6.55 / 7.03 by panels (dot4 4.25
-/// at 19, 29.1 at 128); [1536 × 6144] 0.63 / 0.76 / 2.45 / 3.43 / 4.38 and 2.32 / 2.03 / 2.88 / 3.29 / 3.37;
-/// [2048 × 1536] 0.22 / 0.28 / 0.83 / 1.00 / 1.23 and 0.72 / 0.77 / 0.98 / 0.99 / 1.13.
+/// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel: on
+/// an Intel Xeon with AMX, 2 threads, best of 9 (2026-12-06, a busy hour), E2B's [12288 × 1536] took 0.74 / 1.0-1.24 /
+/// 1.27 / 4.18 / 5.06-5.56 / 7.0 ms by the tiles at 16 / 19 / 32 / 96 / 128 / 160 rows and 4.15 / 3.96-4.22 / 4.62 /
+/// 5.50 / 5.50-5.99 / 7.51 by panels (dot4 4.0 at 19, 26.4 at 128); [2048 × 1536] 0.13 / 0.18-0.23 / 0.20 / 0.67 /
+/// 0.86-0.88 / 1.08 and 0.67 / 0.65-0.69 / 0.72 / 0.88 / 0.89-0.91 / 1.04; [1536 × 6144] by the tiles 0.39 / 0.57 /
+/// 0.69 / 1.92 / 2.63-2.70 / 3.75, by panels 2.0 to 3.4 in a quieter hour.
 pub const PANEL_MIN_ROWS: i64 = 128;
 /// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
 /// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
