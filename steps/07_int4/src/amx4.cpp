@@ -152,6 +152,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void bl
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), (__m256i)out);
   }
 }
+
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
