@@ -147,19 +147,14 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void bl
     if (odd) rescaled<1, TWO, F16>(acc, rows, sums[1], corr, groups, g + 1, s);
   }
   _tile_release();
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m256bh out = _mm512_cvtneps_pbh(acc[r]);  // rounded to nearest even, once
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), (__m256i)out);
-  }
+  rounded16(acc, rows, y, N);
 }
 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group;
-  std::vector<float> corr(M * groups);
-  for (int64_t m = 0; m < M; ++m)
-    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups, [](int64_t, float v) { return v; });
+  const std::vector<float> corr = corrections(x, M, K, group);
   // x in whole tiles of 16 rows, zeros after its last: a tile load reads 16 rows, and the zeros' sums are not written
   const int64_t padded = (M + 15) / 16 * 16;
   std::vector<uint16_t> copy;
@@ -168,7 +163,7 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     std::memcpy(copy.data(), x, M * K * sizeof(uint16_t));
     x = copy.data();
   }
-  // rows m..m+rows of block b's outputs into out, rows `stride` apart (blocks.h shares the blocks out)
+  // rows m..m+rows (at most 32) of block b's outputs into out, rows `stride` apart, from the padded x
   auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* out, int64_t stride) {
     const int32_t* wb = w + b * (K / 8) * 16;
     const uint16_t* sb = s + b * groups * 16;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 inline float bf16_to_float(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
@@ -55,4 +56,20 @@ inline void group_sums(const uint16_t* x, int64_t groups, int64_t group, float t
       }
     for (int64_t j = 0; j < n; ++j) out[g + j] = times * sum[j];
   }
+}
+
+// dot4's correction (dot4.cpp, amx4.cpp): 136 · Σx of each group of `group` columns of each of x's M rows, [M, K / group].
+inline std::vector<float> corrections(const uint16_t* x, int64_t M, int64_t K, int64_t group) {
+  const int64_t groups = K / group;
+  std::vector<float> corr(M * groups);
+  for (int64_t m = 0; m < M; ++m)
+    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups, [](int64_t, float v) { return v; });
+  return corr;
+}
+
+// rows of 16 float32 outputs, each rounded once to bf16 (to nearest even), into y, rows N apart (dot4.cpp, amx4.cpp)
+__attribute__((target("avx512f,avx512bf16"))) inline void rounded16(const __m512* acc, int64_t rows, uint16_t* y,
+                                                                    int64_t N) {
+  for (int64_t r = 0; r < rows; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), (__m256i)_mm512_cvtneps_pbh(acc[r]));
 }

@@ -80,19 +80,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block(const uint16_t
     }
     // --8<-- [end:inner]
   }
-  for (int r = 0; r < R; ++r) {
-    const __m256bh out = _mm512_cvtneps_pbh(acc[r]);  // rounded to nearest even, once
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), (__m256i)out);
-  }
+  rounded16(acc, R, y, N);
 }
 
 template <bool F16>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group;
-  std::vector<float> corr(M * groups);
-  for (int64_t m = 0; m < M; ++m)
-    group_sums(x + m * K, groups, group, 136.0f, corr.data() + m * groups, [](int64_t, float v) { return v; });
+  const std::vector<float> corr = corrections(x, M, K, group);
   // rows m..m+rows of block b's outputs into out, rows `stride` apart (blocks.h shares the blocks out)
   auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* out, int64_t stride) {
     const int32_t* wb = w + b * (K / 8) * 16;
