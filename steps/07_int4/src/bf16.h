@@ -58,7 +58,8 @@ inline void group_sums(const uint16_t* x, int64_t groups, int64_t group, float t
   }
 }
 
-// dot4's correction (dot4.cpp, amx4.cpp): 136 · Σx of each group of `group` columns of each of x's M rows, [M, K / group].
+// dot4's correction (dot4.cpp, amx4.cpp): 136 · Σx over each group of `group` columns of each of x's M rows,
+// [M, K / group].
 inline std::vector<float> corrections(const uint16_t* x, int64_t M, int64_t K, int64_t group) {
   const int64_t groups = K / group;
   std::vector<float> corr(M * groups);

@@ -6,6 +6,8 @@
 //! `make test`'s AVX2 tier). Likewise `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` alone keeps oneDNN, and so this step,
 //! from AMX: an AMX Xeon runs what an Intel CPU with AVX512-BF16 and no AMX runs (`make bench-avx512`). The CPU's
 //! own feature flags come first: no setting adds an instruction.
+use std::sync::OnceLock;
+
 use pyo3::prelude::*;
 
 extern "C" {
@@ -27,13 +29,16 @@ pub enum Isa {
     Avx512,
 }
 
+/// ATen settles it once per process (it reads `ATEN_CPU_CAPABILITY` at its first dispatch), and so does this: every
+/// product asks (the gelu's lanes), and ATen's answer is a string made each time.
 pub fn aten_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
     // SAFETY: asks ATen a question; no arguments, no state changed.
-    match unsafe { torchtpu_aten_capability() } {
+    *ISA.get_or_init(|| match unsafe { torchtpu_aten_capability() } {
         2 => Isa::Avx512,
         1 => Isa::Avx2,
         _ => Isa::Default,
-    }
+    })
 }
 
 // --8<-- [start:choose]

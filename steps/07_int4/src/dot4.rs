@@ -112,8 +112,9 @@ pub const TILE_MIN_ROWS: i64 = 4;
 /// an Intel Xeon with AMX, 2 threads, best of 9 (2026-12-06, a busy hour), E2B's [12288 × 1536] took 0.74 / 1.0-1.24 /
 /// 1.27 / 4.18 / 5.06-5.56 / 7.0 ms by the tiles at 16 / 19 / 32 / 96 / 128 / 160 rows and 4.15 / 3.96-4.22 / 4.62 /
 /// 5.50 / 5.50-5.99 / 7.51 by panels (dot4 4.0 at 19, 26.4 at 128); [2048 × 1536] 0.13 / 0.18-0.23 / 0.20 / 0.67 /
-/// 0.86-0.88 / 1.08 and 0.67 / 0.65-0.69 / 0.72 / 0.88 / 0.89-0.91 / 1.04; [1536 × 6144] by the tiles 0.39 / 0.57 /
-/// 0.69 / 1.92 / 2.63-2.70 / 3.75, by panels 2.0 to 3.4 in a quieter hour.
+/// 0.86-0.88 / 1.08 and 0.67 / 0.65-0.69 / 0.72 / 0.88 / 0.89-0.91 / 1.04; [1536 × 6144] by the tiles 0.39 / 0.57-0.83
+/// / 0.69 / 1.92 / 2.63-5.07 / 3.75, by panels 2.6 to 11 ms in that hour (an hour earlier, with the tiles one group at a
+/// time, 1.9 to 3.4 from 16 to 160 rows).
 pub const PANEL_MIN_ROWS: i64 = 128;
 /// The same for float32 panels (`Panels::Float`): an Intel Xeon with AMX kept to AVX2 (2026-12-06, 2 threads, best
 /// of 7), E2B's [12288 × 1536] by fma4 at 64 / 128 / 512 rows 14.8 / 29.0 / 117.9 ms, by panels 19.9 / 28.3 / 97.7;
