@@ -1,13 +1,15 @@
 """Step 07: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
 beside what reading its bytes would take at this machine's copy speed, and the parts' sum checked against the
-same steps untimed.
+same steps untimed. With --read, the same for the prompt read (Engine.read_budget).
 
 usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
-                        [--decode-attention auto|own|aten] [--steps 16] [--repeat 3] [--json PATH] [--chart PNG]
+                        [--decode-attention auto|own|aten] [--steps 16] [--read [--tokens N]] [--repeat 3]
+                        [--json PATH] [--chart PNG]
 --e2b: the random E2B-shaped checkpoint step 05's bench reads (made once, about 9 GB), the size the budget is
 about; without it, the trained model step 03 ships (a toy, whose steps are all small ops). In one process,
-`--repeat` rounds of: generate (untimed, the step time the parts must add up to), then decode_budget; the
-medians of each.
+`--repeat` rounds of: generate (untimed, the time the parts must add up to), then the budget; the medians of each.
+--read: the prompt read's parts instead of a decode step's: step 05's 19-token prompt, or with --tokens N that
+prompt's sentence repeated to N tokens.
 """
 import argparse
 import statistics
@@ -38,6 +40,19 @@ def rounds(engine, ids: list[int], steps: int, repeat: int) -> tuple[list[dict],
 # --8<-- [end:rounds]
 
 
+def read_rounds(engine, ids: list[int], repeat: int) -> tuple[list[dict], list[float]]:
+    """`repeat` budgets of the prompt read, and as many untimed reads (generate's read_s, the first token's too)."""
+    budgets, untimed = [], []
+    for _ in range(repeat):
+        tokens, read_s, _ = engine.generate(ids, 1)
+        untimed.append(read_s)
+        budget = engine.read_budget(ids)
+        if budget["token"] != tokens[0]:
+            raise RuntimeError(f"read_budget made {budget['token']}, generate {tokens[0]}")
+        budgets.append(budget)
+    return budgets, untimed
+
+
 def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
     """Median seconds and bytes of each part over the rounds, with each part's time at the copy's speed."""
     parts = []
@@ -50,23 +65,24 @@ def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
             "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "copy_gb_s": gb_s}
 
 
-def show(result: dict) -> None:
+def show(result: dict, unit: str) -> None:
     step, untimed = result["step_ms"], result["untimed_step_ms"]
     print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at copy speed':>18}{'of its limit':>14}")
     for p in result["parts"]:
         of_limit = f"{p['limit_ms'] / p['ms']:.2f}" if p["bytes"] and p["ms"] > 0 else "-"
         print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.2f}"
               f"{p['limit_ms']:>18.2f}{of_limit:>14}")
-    print(f"{'a decode step, the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
+    print(f"{unit + ', the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
           f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
-    print(f"the same steps untimed (generate): {untimed:.2f} ms a step; the parts add up to it within "
+    what, one = ("steps", "step") if unit == "a decode step" else ("read", "read")
+    print(f"the same {what} untimed (generate): {untimed:.2f} ms a {one}; the parts add up to it within "
           f"{abs(step - untimed) / untimed:.1%}")
-    print(f"at the copy's {result['copy_gb_s']:.1f} GB/s the {result['bytes_per_step'] / 1e9:.3f} GB a step reads "
-          f"take {result['limit_ms']:.2f} ms: the untimed step runs at {result['limit_ms'] / untimed:.2f} of its "
+    print(f"at the copy's {result['copy_gb_s']:.1f} GB/s the {result['bytes_per_step'] / 1e9:.3f} GB a {one} reads "
+          f"take {result['limit_ms']:.2f} ms: the untimed {one} runs at {result['limit_ms'] / untimed:.2f} of its "
           "bandwidth limit")
 
 
-def chart(result: dict, title: str, path: str) -> None:
+def chart(result: dict, unit: str, title: str, path: str) -> None:
     """Each part's measured time beside its time at the copy's speed, largest first."""
     import matplotlib
 
@@ -80,7 +96,7 @@ def chart(result: dict, title: str, path: str) -> None:
     ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
             label=f"its bytes at the copy's {result['copy_gb_s']:.0f} GB/s")
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
-    ax.set_xlabel("ms per decode step")
+    ax.set_xlabel(f"ms per {unit}")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
@@ -95,6 +111,8 @@ def main() -> None:
     ap.add_argument("--int4-matmul", default="auto", choices=["auto", "dot4", "fma4", "aten"])
     ap.add_argument("--decode-attention", default="auto", choices=["auto", "own", "aten"])
     ap.add_argument("--steps", type=int, default=16, help="decode steps per round")
+    ap.add_argument("--read", action="store_true", help="the prompt read's budget instead of a decode step's")
+    ap.add_argument("--tokens", type=int, help="with --read: the prompt's sentence repeated to this many tokens")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the medians are shown")
     ap.add_argument("--chart", metavar="PNG")
     args = ap.parse_args()
@@ -104,6 +122,10 @@ def main() -> None:
     args = cli.resolve(args)
     device = devices.choose_device(args.device)
     ids = prompting.encode(AutoTokenizer.from_pretrained(args.model), PROMPT)
+    if args.tokens is not None:
+        if not args.read or not 1 <= args.tokens <= args.ctx:
+            ap.error(f"--tokens {args.tokens}: only with --read, and 1 <= N <= ctx ({args.ctx})")
+        ids = ids[:1] + (ids[1:] * (args.tokens // max(len(ids) - 1, 1) + 1))[:args.tokens - 1]
     gb_s = memory_bandwidth_gb_s()
     engine = torchtpu_int4.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
                                   weights=args.weights, int4_matmul=args.int4_matmul,
@@ -112,17 +134,25 @@ def main() -> None:
     what = (f"{records.name(args.model)}, weights {engine.weights} (int4 kernel {kernel}), attention in "
             f"{engine.attention_dtype} ({engine.decode_attention}'s), {len(ids)}-token prompt, ctx {args.ctx}, "
             f"on {device}")
-    print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
-    budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
+    if args.read:
+        unit = "prompt read"
+        print(f"{what}; per prompt read, median of {args.repeat} rounds", flush=True)
+        budgets, untimed = read_rounds(engine, ids, args.repeat)
+    else:
+        unit = "decode step"
+        print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
+        budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
     result = table(budgets, untimed, gb_s)
-    show(result)
+    show(result, f"a {unit}")
     if args.chart:
-        chart(result, f"A decode step's time by part: {what}", args.chart)
+        chart(result, unit, f"A {unit}'s time by part: {what}", args.chart)
+    seconds = "read_s" if args.read else "step_s"
     records.write_json(args.json, device, model=records.name(args.model), weights=engine.weights,
                        int4_matmul=engine.int4_matmul, attention_dtype=engine.attention_dtype,
                        decode_attention=engine.decode_attention,
-                       prompt_ids=ids, steps=args.steps, repeat=args.repeat, tokens=budgets[0]["tokens"],
-                       rounds=[{"parts": b["parts"], "step_s": b["step_s"]} for b in budgets],
+                       prompt_ids=ids, budget="read" if args.read else "decode", steps=None if args.read else args.steps,
+                       repeat=args.repeat, tokens=[budgets[0]["token"]] if args.read else budgets[0]["tokens"],
+                       rounds=[{"parts": b["parts"], seconds: b[seconds]} for b in budgets],
                        untimed_step_s=untimed, **result)
 
 

@@ -73,6 +73,14 @@ pub fn amx4_runs() -> bool {
     flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
 }
 
+/// Whether dot4's products of a prompt's rows go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`)
+/// where AMX's tiles do not run: on an Intel CPU, for the reason its longer chunks go by float32 panels (below) — a
+/// 512-bit FMA issues twice a cycle, `vdpbf16ps` once every two. Its instructions are dot4's (AVX-512, AVX512-BF16).
+pub fn fma16_runs() -> bool {
+    // SAFETY: reads the CPU's vendor, nothing else.
+    dot4_runs() && !amx4_runs() && unsafe { torchtpu_intel() }
+}
+
 /// Whether dot4's prompt chunks go by float32 panels where the bf16 ones do not run (`torchtpu_unpack_panel_float`,
 /// then torch's float32 matmul, as fma4's): on an Intel CPU, whose two 512-bit FMA units give MKL's float32 product
 /// about twice what `vdpbf16ps` gives dot4 and oneDNN (an AMX Xeon kept from AMX, 2026-12-06: E2B's [12288 × 1536] at
@@ -121,7 +129,10 @@ mod tests {
             Ok("avx2") => {
                 assert_eq!(aten_isa(), Isa::Avx2);
                 assert!(fma4_runs() && attend_runs(), "fma4 and attend must run on an AVX2 CPU with FMA and F16C");
-                assert!(!dot4_runs() && !panels_run() && !amx4_runs(), "no AVX-512 kernel may run here");
+                assert!(
+                    !dot4_runs() && !panels_run() && !amx4_runs() && !fma16_runs(),
+                    "no AVX-512 kernel may run here"
+                );
                 // SAFETY: reads the CPU's feature flags, nothing else.
                 assert!(!unsafe { torchtpu_dot4_supported() }, "the CPU reports AVX512-BF16: not an AVX2-only CPU");
             }

@@ -20,8 +20,10 @@
 //!
 //! A prompt's rows multiply each weight many times, so there the arithmetic, not memory, sets the pace. Where AMX
 //! runs, dot4's products of a few to a hundred-odd rows go by its tiles instead (`torchtpu_amx4_mm`, src/amx4.cpp):
-//! the same words made into the tile's operand, 16 × 16 × 32 products an instruction, the same arithmetic. Chunks of
-//! more rows go by panels (`by_panels`): unpacked to weights and multiplied by torch's matmul.
+//! the same words made into the tile's operand, 16 × 16 × 32 products an instruction, the same arithmetic. On an
+//! Intel CPU without AMX they go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`, src/fma4.cpp):
+//! there `vdpbf16ps` issues once every two cycles and a 512-bit FMA twice a cycle (`Prompt`). Chunks of more rows go
+//! by panels (`by_panels`): unpacked to weights and multiplied by torch's matmul.
 use std::sync::Arc;
 
 use memmap2::MmapMut;
@@ -53,6 +55,20 @@ extern "C" {
         up: *const u16,
     );
     fn torchtpu_fma4_mm(
+        x: *const u16,
+        w: *const i32,
+        s: *const u16,
+        f16_scales: bool,
+        y: *mut u16,
+        m: i64,
+        n: i64,
+        k: i64,
+        group: i64,
+        gelu_lanes: i32,
+        up: *const u16,
+    );
+    // fma4.cpp: fma4's arithmetic in AVX-512's 16 lanes, as torchtpu_dot4_mm takes them
+    fn torchtpu_fma16_mm(
         x: *const u16,
         w: *const i32,
         s: *const u16,
@@ -107,6 +123,13 @@ extern "C" {
 /// 1536] 0.10-0.11 / 0.14 / 0.18 and 0.11 / 0.11; [1536 × 6144] 0.35-0.37 / 0.43-0.46 / 0.56 and 0.39-0.40 / 0.38-0.41
 /// (at 1 row 0.29, 0.05 and 0.14 ms either way: dot4's, memory's pace).
 pub const TILE_MIN_ROWS: i64 = 4;
+/// From how many activation rows dot4's products go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`,
+/// fma4.cpp) where it is the way (`cpu::fma16_runs`): a prompt's, never a decode step's. On an Intel Xeon kept from
+/// AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`), 2 threads, best of 7 (2026-12-06), E2B's [12288 × 1536] took 0.27 /
+/// 0.64 / 0.84 / 3.30 / 3.60-3.91 / 26.2 ms by dot4 at 1 / 3 / 4 / 16 / 19 / 128 rows and 0.30 / 0.49 / 0.64 / 1.98 /
+/// 2.25-2.73 / 16.6-17.7 by fma16; [2048 × 1536] 0.04 / 0.11 / 0.14 / 0.56 and 0.06 / 0.10 / 0.12 / 0.39; [1536 ×
+/// 6144] 0.13 / 0.31 / 0.40 / 1.54 and 0.16 / 0.27 / 0.35 / 1.12: a decode step's one row stays dot4's.
+pub const FMA16_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
 /// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel: on
 /// an Intel Xeon with AMX, 2 threads, best of 9 (2026-12-06, a busy hour), E2B's [12288 × 1536] took 0.74 / 1.0-1.24 /
@@ -122,8 +145,6 @@ pub const PANEL_MIN_ROWS: i64 = 128;
 /// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 / 96
 /// rows 11.9 / 18.3 ms (so about 24 at 128), by its float32 panels at 128 / 512 rows 17.9 / 52.3.
 pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
-/// The symbol of dot4's products on AMX's tiles (named where the engine says how its products go).
-pub const TILES: &str = "torchtpu_amx4_mm";
 /// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
 const PANEL_ROWS: i64 = 1024;
 
@@ -167,9 +188,14 @@ impl Kernel {
         }
     }
 
-    /// Whether its products of `TILE_MIN_ROWS` rows or more go by AMX's tiles here (cpu.rs): dot4's, where AMX runs.
-    pub fn tiles(self) -> bool {
-        self == Kernel::Dot4 && cpu::amx4_runs()
+    /// What its products of a prompt's rows go by here (cpu.rs), or None: the kernel itself. dot4's, where AMX runs
+    /// (AMX's tiles) or on an Intel CPU without it (fma4's arithmetic in 16 lanes).
+    pub fn prompt(self) -> Option<Prompt> {
+        match self {
+            Kernel::Dot4 if cpu::amx4_runs() => Some(Prompt::Tiles),
+            Kernel::Dot4 if cpu::fma16_runs() => Some(Prompt::Fma16),
+            _ => None,
+        }
     }
 
     /// The kernel's symbol (named in every error about it).
@@ -204,6 +230,51 @@ impl Kernel {
     }
 }
 
+/// What dot4's products of a prompt's rows go by, where not dot4 itself: from `min_rows` rows up to the panels'.
+/// Both compute the W4A16 arithmetic dot4 does, exactly (the same products, float32 sums per group); a prompt's rows
+/// share each weight they unpack, so there the pace is set by the multiply-adds an instruction does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// AMX's tiles (`torchtpu_amx4_mm`, amx4.cpp): dot4's words made into the tile's operand, 16 × 16 × 32 products
+    /// an instruction.
+    Tiles,
+    /// fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`, fma4.cpp): float32 FMAs, where an Intel core
+    /// issues two a cycle and one `vdpbf16ps` every two.
+    Fma16,
+}
+
+impl Prompt {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Prompt::Tiles => "torchtpu_amx4_mm",
+            Prompt::Fma16 => "torchtpu_fma16_mm",
+        }
+    }
+
+    /// From how many activation rows a product goes by it.
+    pub fn min_rows(self) -> i64 {
+        match self {
+            Prompt::Tiles => TILE_MIN_ROWS,
+            Prompt::Fma16 => FMA16_MIN_ROWS,
+        }
+    }
+
+    /// How `weights_reason` says it.
+    pub fn described(self) -> &'static str {
+        match self {
+            Prompt::Tiles => "AMX's tiles",
+            Prompt::Fma16 => "fma4's arithmetic in AVX-512's 16 lanes",
+        }
+    }
+
+    fn multiply(self) -> Multiply {
+        match self {
+            Prompt::Tiles => torchtpu_amx4_mm,
+            Prompt::Fma16 => torchtpu_fma16_mm,
+        }
+    }
+}
+
 /// Where the kernel wants nibble `j` of a checkpoint word (which holds it at bit `4j`): the nibbles of columns
 /// `k + 2i` and `k + 2i + 1` at bits `4i` and `16 + 4i`, so one shift brings both to the bottom of a bf16 half.
 fn bit(j: i64) -> i64 {
@@ -224,8 +295,8 @@ pub struct Dot4Linear {
     kernel: Kernel,
     /// The kernel's panels in this process (`Kernel::panels`), decided once here: a decode step's mat-vecs never ask.
     panels: Option<Panels>,
-    /// Whether its products of `TILE_MIN_ROWS` rows or more go by AMX's tiles (`Kernel::tiles`), decided here too.
-    tiles: bool,
+    /// What its products of a prompt's rows go by (`Kernel::prompt`), decided here too.
+    prompt: Option<Prompt>,
     stacking: Stacking,
     bytes: i64,
     /// The memory `words` and `scales` are views of, kept as long as they are.
@@ -319,8 +390,8 @@ impl Dot4Linear {
             at += rows / 16;
         }
         let bytes = [&words, &scales].iter().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum();
-        let (panels, tiles) = (kernel.panels(), kernel.tiles());
-        Ok(Dot4Linear { words, scales, group, kernel, panels, tiles, stacking, bytes, _pages: pages })
+        let (panels, prompt) = (kernel.panels(), kernel.prompt());
+        Ok(Dot4Linear { words, scales, group, kernel, panels, prompt, stacking, bytes, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -422,14 +493,17 @@ impl Dot4Linear {
             Out::GeluOfPairs => (lanes, std::ptr::null()),
             Out::GeluTimes(up) => (lanes, up.data_ptr() as *const u16),
         };
-        let multiply = if self.tiles && m >= TILE_MIN_ROWS { torchtpu_amx4_mm } else { self.kernel.multiply() };
+        let multiply = match self.prompt {
+            Some(prompt) if m >= prompt.min_rows() => prompt.multiply(),
+            _ => self.kernel.multiply(),
+        };
         let y = Tensor::f_empty([m, outputs], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
             // SAFETY: x is contiguous bf16 [m, cols], y bf16 [m, outputs], up null or contiguous bf16 [m, rows]
             // (`gelu_times`), words and scales contiguous in the layout above (made in `new`: in pairs for
             // `Out::GeluOfPairs`, `gelu_of_halves` checked), all on the host; shapes checked here and in `new` (rows %
             // 16, cols % group, group one of 32, 64, 128, 256), which is all the kernels assume; `new` checked that
-            // this one runs here, and with it the AVX2 or AVX-512 the gelu's lanes need, and whether AMX's tiles do.
+            // this one runs here, and with it the AVX2 or AVX-512 the gelu's lanes need, and what a prompt's rows go by.
             unsafe {
                 multiply(
                     x.data_ptr() as *const u16,
@@ -519,9 +593,54 @@ mod tests {
     use super::*;
     use crate::packed::tests::{random_matrix, random_matrix_scaled_in};
 
-    /// One matrix held for `kernel`, in an arena of its own.
-    fn alone(name: &str, w: &Packed, kernel: Kernel) -> Result<Dot4Linear> {
-        Dot4Linear::new(name, &[w], Stacking::Rows, kernel, &mut Arena::new())
+    /// A kernel, and what its products of a prompt's rows go by (None: the kernel itself at every row count).
+    #[derive(Clone, Copy, Debug)]
+    struct Way {
+        kernel: Kernel,
+        prompt: Option<Prompt>,
+    }
+
+    /// A kernel the way the engine holds it here.
+    impl From<Kernel> for Way {
+        fn from(kernel: Kernel) -> Way {
+            Way { kernel, prompt: kernel.prompt() }
+        }
+    }
+
+    /// Matrices held for `way`, as `Dot4Linear::new` holds them for its kernel, with `way`'s prompt products.
+    fn held(
+        name: &str,
+        parts: &[&Packed],
+        stacking: Stacking,
+        way: impl Into<Way>,
+        arena: &mut Arena,
+    ) -> Result<Dot4Linear> {
+        let way = way.into();
+        let mut linear = Dot4Linear::new(name, parts, stacking, way.kernel, arena)?;
+        linear.prompt = way.prompt;
+        Ok(linear)
+    }
+
+    /// One matrix held for `way`, in an arena of its own.
+    fn alone(name: &str, w: &Packed, way: impl Into<Way>) -> Result<Dot4Linear> {
+        held(name, &[w], Stacking::Rows, way, &mut Arena::new())
+    }
+
+    /// Each way of this step's kernels that can run here, whether or not the engine takes it here: each kernel by
+    /// itself at every row count, and dot4 with each prompt way that runs here — fma4's arithmetic in 16 lanes
+    /// wherever dot4 runs (the engine takes it on an Intel CPU without AMX), AMX's tiles where AMX runs.
+    fn ways_here() -> Vec<Way> {
+        let mut here = vec![];
+        for kernel in kernels_here() {
+            here.push(Way { kernel, prompt: None });
+            if kernel == Kernel::Dot4 {
+                here.push(Way { kernel, prompt: Some(Prompt::Fma16) });
+                if cpu::amx4_runs() {
+                    here.push(Way { kernel, prompt: Some(Prompt::Tiles) });
+                }
+            }
+        }
+        here
     }
 
     /// This step's kernels that run here (under the AVX2 limit: fma4 alone; on an AVX2-only CPU: fma4).
@@ -637,10 +756,10 @@ mod tests {
             (2048, 1536, Kind::BFloat16, vec![1, 4, 19]),
             (256, 1536, Kind::Half, vec![1, 2, 19]),
         ];
-        for kernel in kernels_here() {
+        for way in ways_here() {
             for (rows, cols, scale_kind, ms) in cases.clone() {
                 let w = random_matrix_scaled_in(rows, cols, 2, scale_kind);
-                let linear = alone("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, way).unwrap();
                 assert_eq!(linear.bytes(), rows * cols / 2 + rows * (cols / 32) * 2);
                 for m in ms {
                     let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
@@ -649,9 +768,9 @@ mod tests {
             }
             // identity activations: one product each, (q - 8) · scale rounded once to bf16, the dequantized weight
             let w = random_matrix(REPACK_ROWS + 48, 192, 3);
-            let linear = alone("w", &w, kernel).unwrap();
+            let linear = alone("w", &w, way).unwrap();
             let y = linear.forward(&Tensor::eye(192, (Kind::BFloat16, Device::Cpu))).unwrap();
-            assert!(y.tr().equal(&w.dequantize().unwrap()), "{kernel:?}");
+            assert!(y.tr().equal(&w.dequantize().unwrap()), "{way:?}");
             // and no rows at all
             let none = linear.forward(&Tensor::zeros([0, 192], (Kind::BFloat16, Device::Cpu))).unwrap();
             assert_eq!(none.size(), [0, REPACK_ROWS + 48]);
@@ -659,15 +778,34 @@ mod tests {
     }
 
     #[test]
+    fn a_rows_products_have_the_same_bits_in_a_pass_of_any_rows() {
+        // the kernels take a prompt's rows 4, 8 or 32 at a time (the last pass fewer): each row's sums are the same
+        // whichever rows share its pass — so a token's products do not depend on where a chunk cuts the prompt
+        // (fma4 alone keeps more sums in flight in a pass of 1 or 2 rows, a decode step's: other bits; none here)
+        let w = random_matrix(2048, 1536, 12);
+        // activations of many sizes, so that outputs cancel and a float32 sum's order shows in their bf16 bits
+        let sizes = (Tensor::randn([19, 1536], (Kind::Float, Device::Cpu)) * 3.0).exp();
+        let x = (Tensor::randn([19, 1536], (Kind::Float, Device::Cpu)) * sizes).to_kind(Kind::BFloat16);
+        for way in ways_here() {
+            let linear = alone("w", &w, way).unwrap();
+            let all = linear.forward(&x).unwrap();
+            for (start, rows) in [(0, 4), (3, 8), (5, 7), (11, 8), (1, 11)] {
+                let some = linear.forward(&x.narrow(0, start, rows)).unwrap();
+                assert!(some.equal(&all.narrow(0, start, rows)), "{way:?}: rows {start}..{}", start + rows);
+            }
+        }
+    }
+
+    #[test]
     fn edge_inputs_give_the_exact_product_too() {
         tch::manual_seed(7);
-        for kernel in kernels_here() {
+        for way in ways_here() {
             // every nibble 0 (q = -8) and every nibble 15 (q = 7), one block of 16 rows and an odd count of blocks
             for (value, rows) in [(0, 16), (15, 48)] {
                 let nibbles = Tensor::full([rows, 96], value, (Kind::Int, Device::Cpu));
                 let scale = (Tensor::rand([rows, 3], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
                 let w = packed_of(&nibbles, scale);
-                let linear = alone("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, way).unwrap();
                 for m in [1, 3, 9, 19] {
                     let x = Tensor::randn([m, 96], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let _ = check_within(&linear, &w, &x, &format!("nibbles all {value}, [{rows} × 96], m={m}"));
@@ -681,7 +819,7 @@ mod tests {
                 let picks = Tensor::randint(4, [32 * (cols / group)], (Kind::Int64, Device::Cpu));
                 let scale = extremes.index_select(0, &picks).view([32, cols / group]).to_kind(Kind::Half);
                 let w = packed_of(&nibbles, scale);
-                let linear = alone("w", &w, kernel).unwrap();
+                let linear = alone("w", &w, way).unwrap();
                 for m in [2, 20] {
                     let x = Tensor::randn([m, cols], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let what = format!("f16 scales at the extremes, [32 × {cols}], group {group}, m={m}");
@@ -692,7 +830,7 @@ mod tests {
             // of zeros, and a row of one large value; every output within reach (these have too few outputs for a
             // share of exactly rounded ones to mean anything: the random products above check that)
             let w = random_matrix(32, 64, 5);
-            let linear = alone("w", &w, kernel).unwrap();
+            let linear = alone("w", &w, way).unwrap();
             let x = Tensor::randn([3, 64], (Kind::Float, Device::Cpu)) * 1e4;
             let _ = x.get(0).get(7).fill_(1e-30);
             let _ = x.get(1).fill_(0.0);
@@ -700,46 +838,46 @@ mod tests {
             // those 3 rows, and 7 times over (21 rows: AMX's tiles, where they run)
             for x in [x.to_kind(Kind::BFloat16), x.repeat([7, 1]).to_kind(Kind::BFloat16)] {
                 let _ = check_within(&linear, &w, &x, "activations far apart, zeros, one large value");
-                assert!(linear.forward(&x).unwrap().get(1).eq(0.0).all().int64_value(&[]) == 1, "{kernel:?}: zeros");
+                assert!(linear.forward(&x).unwrap().get(1).eq(0.0).all().int64_value(&[]) == 1, "{way:?}: zeros");
             }
         }
     }
 
     #[test]
     fn stacked_rows_give_the_bits_they_give_apart() {
-        for kernel in kernels_here() {
+        for way in ways_here() {
             // gate and up (two alike), or q, k and v (one taller than the other two)
             let (a, b, c) = (random_matrix(96, 192, 1), random_matrix(48, 192, 2), random_matrix(48, 192, 5));
             let mut arena = Arena::new();
-            let all = Dot4Linear::new("a, b and c", &[&a, &b, &c], Stacking::Rows, kernel, &mut arena).unwrap();
-            let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, kernel).unwrap());
+            let all = held("a, b and c", &[&a, &b, &c], Stacking::Rows, way, &mut arena).unwrap();
+            let [a, b, c] = [("a", &a), ("b", &b), ("c", &c)].map(|(name, w)| alone(name, w, way).unwrap());
             assert_eq!(all.bytes(), a.bytes() + b.bytes() + c.bytes());
-            for m in row_counts(kernel) {
+            for m in row_counts(way.kernel) {
                 let x = Tensor::randn([m, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                 let apart = Tensor::cat(&[a.forward(&x).unwrap(), b.forward(&x).unwrap(), c.forward(&x).unwrap()], 1);
                 let together = all.forward(&x).unwrap();
                 if all.panels_for(&x).is_some() {
                     // torch's matmul of a wider panel may sum in another order (MKL's float32 one did, now and then)
-                    assert!(within_a_step(&together, &apart), "{kernel:?}, m={m}, by panels");
+                    assert!(within_a_step(&together, &apart), "{way:?}, m={m}, by panels");
                 } else {
-                    assert!(together.equal(&apart), "{kernel:?}, m={m}");
+                    assert!(together.equal(&apart), "{way:?}, m={m}");
                 }
             }
             // matrices that cannot be one are named: other widths, or none at all
             let narrow = random_matrix(16, 64, 3);
             let Err(Error::Invalid(msg)) =
-                Dot4Linear::new("a and c", &[&random_matrix(16, 192, 4), &narrow], Stacking::Rows, kernel, &mut arena)
+                held("a and c", &[&random_matrix(16, 192, 4), &narrow], Stacking::Rows, way, &mut arena)
             else {
-                panic!("{kernel:?}: 192 and 64 columns must be refused");
+                panic!("{way:?}: 192 and 64 columns must be refused");
             };
             assert!(msg.starts_with("a and c: stacked matrices differ"), "{msg}");
-            assert!(Dot4Linear::new("nothing", &[], Stacking::Rows, kernel, &mut arena).is_err());
+            assert!(held("nothing", &[], Stacking::Rows, way, &mut arena).is_err());
         }
     }
 
     #[test]
     fn the_gelu_on_the_way_out_gives_the_bits_of_the_products_then_the_gelu() {
-        for kernel in kernels_here() {
+        for way in ways_here() {
             // rows in 64s, where ATen's gelu has no scalar tail (tanh.rs' `whole_steps`)
             for (rows, cols, scale_kind) in
                 [(64, 192, Kind::BFloat16), (64, 64, Kind::Half), (128, 256, Kind::BFloat16)]
@@ -747,12 +885,11 @@ mod tests {
                 let gate = random_matrix_scaled_in(rows, cols, 6, scale_kind);
                 let up = random_matrix_scaled_in(rows, cols, 7, scale_kind);
                 let mut arena = Arena::new();
-                let paired =
-                    Dot4Linear::new("gate and up", &[&gate, &up], Stacking::Pairs, kernel, &mut arena).unwrap();
-                let [gate, up] = [("gate", &gate), ("up", &up)].map(|(name, w)| alone(name, w, kernel).unwrap());
+                let paired = held("gate and up", &[&gate, &up], Stacking::Pairs, way, &mut arena).unwrap();
+                let [gate, up] = [("gate", &gate), ("up", &up)].map(|(name, w)| alone(name, w, way).unwrap());
                 assert_eq!(paired.bytes(), gate.bytes() + up.bytes());
                 // activations large enough that the gelu's tanh saturates on some outputs
-                for m in row_counts(kernel) {
+                for m in row_counts(way.kernel) {
                     for scale in [1.0, 40.0] {
                         let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * scale).to_kind(Kind::BFloat16);
                         let (mut g, mut u) = (gate.forward(&x).unwrap(), up.forward(&x).unwrap());
@@ -761,46 +898,41 @@ mod tests {
                             // alone (MKL's float32 one did, now and then): its own products, each within a bf16 step
                             let both = paired.by_panels(&x, panels).unwrap().unflatten(1, [-1, 2, 16]);
                             let (pg, pu) = (both.select(2, 0).flatten(1, 2), both.select(2, 1).flatten(1, 2));
-                            assert!(within_a_step(&pg, &g) && within_a_step(&pu, &u), "{kernel:?}, m={m}");
+                            assert!(within_a_step(&pg, &g) && within_a_step(&pu, &u), "{way:?}, m={m}");
                             (g, u) = (pg, pu);
                         }
                         let apart = g.gelu("tanh") * u; // ATen's ops
                         let together = paired.gelu_of_halves(&x).unwrap();
                         assert_eq!(together.size(), [m, rows]);
                         let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
-                        assert!(bits(&together).equal(&bits(&apart)), "{kernel:?}, [{rows} x {cols}], m={m}, x{scale}");
+                        assert!(bits(&together).equal(&bits(&apart)), "{way:?}, [{rows} x {cols}], m={m}, x{scale}");
                     }
                 }
                 // a pair gives the gelu's product only; one of another height, or a lone matrix, is no pair
                 let Err(Error::Invalid(msg)) = paired.forward(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu)))
                 else {
-                    panic!("{kernel:?}: the products of a pair must be refused");
+                    panic!("{way:?}: the products of a pair must be refused");
                 };
                 assert!(msg.contains("gelu_of_halves"), "{msg}");
                 let short = random_matrix(rows + 16, cols, 8);
-                let taller = Dot4Linear::new(
-                    "gate and taller",
-                    &[&random_matrix(rows, cols, 9), &short],
-                    Stacking::Pairs,
-                    kernel,
-                    &mut arena,
-                );
+                let taller =
+                    held("gate and taller", &[&random_matrix(rows, cols, 9), &short], Stacking::Pairs, way, &mut arena);
                 assert!(matches!(taller, Err(Error::Invalid(msg)) if msg.contains("two matrices of one height")));
                 assert!(gate.gelu_of_halves(&Tensor::zeros([1, cols], (Kind::BFloat16, Device::Cpu))).is_err());
                 // one matrix's products times a given `up` (the per-layer input's), the same bits; a pair, or an up of
                 // another shape, refused by name
-                for m in row_counts(kernel) {
+                for m in row_counts(way.kernel) {
                     let x = (Tensor::randn([m, cols], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
                     let other = Tensor::randn([m, rows], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
                     let apart = gate.forward(&x).unwrap().gelu("tanh") * &other;
                     let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
-                    assert!(bits(&gate.gelu_times(&x, &other).unwrap()).equal(&bits(&apart)), "{kernel:?}, m={m}");
+                    assert!(bits(&gate.gelu_times(&x, &other).unwrap()).equal(&bits(&apart)), "{way:?}, m={m}");
                 }
                 let x = Tensor::zeros([2, cols], (Kind::BFloat16, Device::Cpu));
                 let Err(Error::Invalid(msg)) =
                     gate.gelu_times(&x, &Tensor::zeros([2, rows + 1], (Kind::BFloat16, Device::Cpu)))
                 else {
-                    panic!("{kernel:?}: an up of the wrong shape must be refused");
+                    panic!("{way:?}: an up of the wrong shape must be refused");
                 };
                 assert!(msg.contains("gelu_times") && msg.contains(&format!("[2, {rows}]")), "{msg}");
                 assert!(paired.gelu_times(&x, &Tensor::zeros([2, rows], (Kind::BFloat16, Device::Cpu))).is_err());

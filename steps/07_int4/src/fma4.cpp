@@ -118,11 +118,61 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
   }
 }
 
-template <bool F16>
+// --8<-- [start:wide]
+// The same arithmetic in AVX-512's 16-lane registers, for a prompt's rows on an Intel CPU with AVX512-BF16 and no AMX
+// (dot4.rs says when): there a 512-bit FMA issues twice a cycle and dot4's `vdpbf16ps`, which does twice an FMA's
+// multiply-adds, once every two cycles (a probe on an AMX Xeon, 2026-12-06: 7.5 G FMAs/s on one core, 1.8 G
+// vdpbf16ps/s), so once a prompt's rows share each unpacked weight, float32 FMAs do twice the work per cycle. A block's
+// 16 rows of W are one register, so a word's 8 nibbles take 8 masks (or the shift), 8 converts and 8 FMAs per row of
+// x; with 8 rows of x a pass, 4 in 5 of the vector instructions are the product's own.
+// Each row's sums are the same two per group whatever the pass's count of rows, so a row of y has the same bits in
+// any pass; the embedded broadcast ({1to16}) reads an activation straight into its FMA.
+template <int R, bool F16>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void block16(const float* xs, const float* corr, int64_t groups,
+                                                                     const float* unscale,
+                                                                     const int32_t* w, const uint16_t* s,
+                                                                     int64_t group, uint16_t* y, int64_t N) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t octets = group / 8;
+  const int32_t* at = w;
+  const float* xk = xs;  // [K, 8]: column k's activations of the pass's rows side by side
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 part[R][2];  // columns k + c for even c, and odd: two sums in flight per row
+    for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm512_setzero_ps();
+    for (int64_t o = 0; o < octets; ++o, at += 16, xk += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T1);
+      const __m512i word = _mm512_loadu_si512(at);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i nibble =
+            c == 7 ? _mm512_srli_epi32(word, 28) : _mm512_and_si512(word, _mm512_set1_epi32(0xF << (4 * position(c))));
+        const __m512 u = _mm512_cvtepi32_ps(nibble);  // u · 16^p (u for the top nibble), exact
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          part[r][c % 2] = _mm512_fmadd_ps(u, _mm512_set1_ps(xk[c * 8 + r]), part[r][c % 2]);
+      }
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 8, _MM_HINT_T0);
+    const __m512 scale = widened16<F16>(s + g * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sum = _mm512_add_ps(part[r][0], part[r][1]);
+      acc[r] = _mm512_fmadd_ps(scale, _mm512_sub_ps(sum, _mm512_set1_ps(corr[r * groups + g])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(unscale[r]));
+  rounded16(acc, R, y, N);
+}
+// --8<-- [end:wide]
+
+template <bool F16, bool WIDE>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group;
-  std::vector<float> xs(M * K), corr(M * groups), unscale(M);
+  // the scaled activations: [M, K], or for the 16-lane blocks [M / 8, K, 8] (rows padded to 8 with zeros), the 8 rows
+  // of a pass side by side, so that a column's 8 activations are 32 bytes at one address
+  constexpr int64_t PASS = 8;
+  std::vector<float> xs(WIDE ? (M + PASS - 1) / PASS * PASS * K : M * K), corr(M * groups), unscale(M);
   float factor[8];
   for (int c = 0; c < 8; ++c) factor[c] = undo(c);
   for (int64_t m = 0; m < M; ++m) {
@@ -135,10 +185,11 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     // x · 2^shift as std::ldexp rounds it: one multiply where 2^shift is a normal float32, not a libm call per value
     const bool normal = shift >= -126 && shift <= 127;
     const float power = normal ? std::ldexp(1.0f, shift) : 0.0f;
-    float* xsm = xs.data() + m * K;
+    float* xsm = WIDE ? xs.data() + m / PASS * PASS * K + m % PASS : xs.data() + m * K;
+    const int64_t step = WIDE ? PASS : 1;
     group_sums(x + m * K, groups, group, 8.0f, corr.data() + m * groups, [&](int64_t k, float value) {
       const float v = normal ? value * power : std::ldexp(value, shift);
-      xsm[k] = v * factor[k % 8];
+      xsm[k * step] = v * factor[k % 8];
       return v;
     });
   }
@@ -146,17 +197,30 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
   auto outputs = [&](int64_t b, int64_t m, int64_t rows, uint16_t* out, int64_t stride) {
     const int32_t* wb = w + b * (K / 8) * 16;
     const uint16_t* sb = s + b * groups * 16;
-    const float* xm = xs.data() + m * K;
+    const float* xm = xs.data() + m * K;  // for the 16-lane blocks, m is a multiple of PASS: pass m / PASS
     const float* cm = corr.data() + m * groups;
     const float* um = unscale.data() + m;
-    switch (rows) {
-      case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-      case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-      case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-      default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+    if constexpr (WIDE) {
+      switch (rows) {
+        case 1: block16<1, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 2: block16<2, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 3: block16<3, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 4: block16<4, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 5: block16<5, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 6: block16<6, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        case 7: block16<7, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+        default: block16<8, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
+      }
+    } else {
+      switch (rows) {
+        case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+      }
     }
   };
-  write_blocks<4>(M, N, gelu_lanes, up, y, outputs);
+  write_blocks<WIDE ? PASS : 4>(M, N, gelu_lanes, up, y, outputs);
 }
 
 }  // namespace
@@ -170,5 +234,12 @@ extern "C" bool torchtpu_fma4_supported() {
 extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
                                  uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes,
                                  const uint16_t* up) {
-  (f16_scales ? multiply<true> : multiply<false>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
+  (f16_scales ? multiply<true, false> : multiply<false, false>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
+}
+
+// The same product by AVX-512's 16 lanes (block16): for CPUs with AVX512-BF16, as torchtpu_dot4_mm.
+extern "C" void torchtpu_fma16_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
+                                  uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes,
+                                  const uint16_t* up) {
+  (f16_scales ? multiply<true, true> : multiply<false, true>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
 }

@@ -1078,6 +1078,21 @@ impl Gemma {
         interrupted()?;
         Ok((tokens, budget))
     }
+    /// Reads the prompt `ids` as `generate` does — its chunks, the head on the last row, the first token — with a
+    /// budget taken: the first token, and what each part of the read took and read.
+    pub fn read_budget(
+        &self,
+        ids: &[i64],
+        cache: &mut Cache,
+        interrupted: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<(i64, Budget)> {
+        let (token, budget) = budget::taken(|| -> Result<i64> {
+            let logits = self.prefill(ids, cache, interrupted)?;
+            let token = timed(Part::Sampling, 0, || greedy(&logits))?;
+            Ok(timed(Part::Sampling, 0, || token.f_int64_value(&[0]))?)
+        });
+        Ok((token?, budget))
+    }
     // --8<-- [end:budget]
 
     // --8<-- [start:prefill]

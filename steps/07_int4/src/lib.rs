@@ -291,6 +291,16 @@ fn amx4_runs() -> bool {
     cpu::amx4_runs()
 }
 
+/// fma16_runs() -> bool
+///
+/// Whether dot4's products of a short prompt's rows (4 to 127) go by fma4's arithmetic in AVX-512's 16 lanes here
+/// (torchtpu_fma16_mm): dot4 runs, AMX's tiles do not (amx4_runs()), and the CPU is an Intel one, where a 512-bit
+/// FMA issues twice a cycle and vdpbf16ps once every two.
+#[pyfunction]
+fn fma16_runs() -> bool {
+    cpu::fma16_runs()
+}
+
 /// panels_run() -> bool
 ///
 /// Whether dot4's prompt chunks (128 activation rows or more) go by panels in this process: unpacked to bf16 a
@@ -626,6 +636,29 @@ impl Engine {
         let out = PyDict::new(py);
         out.set_item("tokens", tokens)?;
         out.set_item("step_s", per_step(budget.seconds.iter().sum()))?;
+        out.set_item("parts", parts)?;
+        Ok(out)
+    }
+
+    /// read_budget(ids) -> dict
+    ///
+    /// Where a prompt read's time goes. Reads the prompt `ids` into a fresh cache as `generate` does (its chunks,
+    /// the head on the last row, the first greedy token), timing each part on its own: returns {"token": the first
+    /// token, "parts": [(name, seconds, bytes)] for the read — bytes read as stored —, "read_s": their sum}.
+    fn read_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let ids = token_ids(ids, "read_budget(ids)")?;
+        let mut state = self.state()?;
+        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
+        let state: &mut State = &mut state;
+        state.taken();
+        let (token, budget) = py.detach(move || state.model.read_budget(&ids, &mut state.cache, &mut check_signals))?;
+        let parts: Vec<(&str, f64, i64)> = budget::Part::ALL
+            .iter()
+            .map(|&p| (p.name(), budget.seconds[p as usize], budget.bytes[p as usize]))
+            .collect();
+        let out = PyDict::new(py);
+        out.set_item("token", token)?;
+        out.set_item("read_s", budget.seconds.iter().sum::<f64>())?;
         out.set_item("parts", parts)?;
         Ok(out)
     }
@@ -1127,12 +1160,14 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(amx4_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(fma16_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;
     m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
     m.add("INT4_KERNEL", int4::KERNEL)?;
     m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
     m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;
-    m.add("AMX4_KERNEL", dot4::TILES)?;
+    m.add("AMX4_KERNEL", dot4::Prompt::Tiles.symbol())?;
+    m.add("FMA16_KERNEL", dot4::Prompt::Fma16.symbol())?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
-use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking, TILES, TILE_MIN_ROWS};
+use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
@@ -62,8 +62,9 @@ impl Int4Matmul {
     pub fn described(self) -> String {
         let mut described = self.kernel().to_string();
         let Some(kernel) = self.own() else { return described };
-        if kernel.tiles() {
-            described += &format!("; products of {TILE_MIN_ROWS} rows or more by AMX's tiles ({TILES})");
+        if let Some(prompt) = kernel.prompt() {
+            let (rows, by, symbol) = (prompt.min_rows(), prompt.described(), prompt.symbol());
+            described += &format!("; products of {rows} rows or more by {by} ({symbol})");
         }
         if let Some(panels) = kernel.panels() {
             let by = match panels {

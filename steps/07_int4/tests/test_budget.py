@@ -48,6 +48,29 @@ def covers_the_steps(engine):
     assert all(read[n] == 0 for n in PARTS[-4:])  # norms, gelu, sampling and the rest read no weights
 
 
+def test_the_parts_cover_a_prompt_read_and_count_each_matrix_once_a_chunk(tiny, matmul):
+    engine = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
+    held = engine.memory()
+    matrices = [n for n in PARTS if "projection" in n]
+    for ids, chunks in ((IDS, 1), (IDS * 5, 3)):  # the tiny model reads 16 tokens a chunk
+        tokens, _, _ = engine.generate(ids, 1)
+        budget = engine.read_budget(ids)
+        assert budget["token"] == tokens[0]  # the same read as generate's
+        assert [name for name, _, _ in budget["parts"]] == PARTS
+        seconds = {name: s for name, s, _ in budget["parts"]}
+        read = {name: b for name, _, b in budget["parts"]}
+        assert all(s >= 0 for s in seconds.values()) and math.isclose(sum(seconds.values()), budget["read_s"])
+        assert seconds["gate/up projections"] > 0 and seconds["attention over the cache"] > 0
+        assert sum(read[n] for n in matrices) == chunks * held["linears"]  # every matrix once a chunk
+        if held["head"]:
+            assert read["output head"] == held["head"]  # the head once, on the last row
+        assert all(read[n] == 0 for n in PARTS[-4:])
+    with pytest.raises(TypeError, match=r"read_budget\(ids\)"):
+        engine.read_budget("not ids")
+    with pytest.raises(ValueError, match=r"ids\[1\] = -3 is outside the vocabulary"):
+        engine.read_budget([2, -3])
+
+
 def test_attention_is_counted_by_the_slots_it_reads(tiny):
     def attention(engine, n):  # bytes of one decode step after n prompt tokens
         return {name: b for name, _, b in engine.decode_budget(IDS[:n], 1)["parts"]}["attention over the cache"]
@@ -83,3 +106,17 @@ def test_the_script_prints_the_table_and_writes_the_record(tmp_path):
     assert [p["part"] for p in record["parts"]] == PARTS and len(record["rounds"]) == 2
     assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
     assert record["limit_ms"] > 0 and (tmp_path / "budget.png").stat().st_size > 0
+
+
+def test_the_script_budgets_a_prompt_read_too(tmp_path):
+    out = tmp_path / "read.json"
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--read", "--tokens", "40", "--repeat", "2", "--json",
+                          out], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in PARTS + ["a prompt read, the parts summed", "the same read untimed (generate)"]:
+        assert name in run.stdout, run.stdout
+    record = json.loads(out.read_text())
+    assert record["budget"] == "read" and len(record["prompt_ids"]) == 40 and len(record["tokens"]) == 1
+    assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--tokens", "40"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--tokens 40: only with --read" in run.stderr

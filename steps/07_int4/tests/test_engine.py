@@ -27,6 +27,8 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
         auto_kernel]
     if auto_kernel == "dot4" and torchtpu_int4.amx4_runs():
         name += "; products of 4 rows or more by AMX's tiles (torchtpu_amx4_mm)"
+    if auto_kernel == "dot4" and torchtpu_int4.fma16_runs():
+        name += "; products of 4 rows or more by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm)"
     if auto_kernel == "dot4" and torchtpu_int4.panels_run():
         name += ("; prompt chunks of 128 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
                  "AMX)")
@@ -319,18 +321,20 @@ def test_prompt_chunks_of_128_rows_or_more_go_by_panels_as_the_bf16_path_reads_t
 @pytest.mark.skipif(not torchtpu_int4.amx4_runs(), reason="AMX's tiles do not run here")
 def test_a_short_prompts_products_go_by_amx_tiles_with_dot4s_arithmetic(tiny, kl, monkeypatch):
     """The tiny model's prompt chunks (16 rows at most) go by AMX's tiles where they run; the same engine made with
-    oneDNN capped below AMX (the cap this step honours, as make bench-avx512's stand-in sets it) multiplies them by
-    dot4 itself. Both compute dot4's arithmetic, their float32 sums in other orders (the Rust tests hold each to the
-    exact product), which ten layers of the tiny random model's bf16 activations carry into its near-uniform logits:
-    measured on an Intel Xeon with AMX (2026-12-06), KL at most 3.2e-3 and 8.4e-3 over the two prompts' positions,
-    greedy tokens the same for 14 and 16 of 16; logits a position apart, what a wrongly read weight gives, differ by
-    KL 1.9 or more."""
+    oneDNN capped below AMX (the cap this step honours, as make bench-avx512's stand-in sets it) multiplies them as
+    an Intel CPU without AMX does, by fma4's arithmetic in 16 lanes (torchtpu_fma16_mm). Both compute the W4A16
+    arithmetic, their float32 sums in other orders (the Rust tests hold each to the exact product), which ten layers
+    of the tiny random model's bf16 activations carry into its near-uniform logits: measured on an Intel Xeon with AMX
+    (2026-12-06), KL at most 2.9e-3 and 7.8e-3 over the two prompts' positions, greedy tokens the same for 14 and 11
+    of 16 (3.2e-3 and 8.4e-3, 14 and 16, against dot4 itself); logits a position apart, what a wrongly read weight
+    gives, differ by KL 1.9 or more."""
     tiles = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
     assert "by AMX's tiles (torchtpu_amx4_mm)" in tiles.weights_reason
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert not torchtpu_int4.amx4_runs()
+    assert not torchtpu_int4.amx4_runs() and torchtpu_int4.fma16_runs()
     vector = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
     assert vector.int4_matmul == "dot4" and "AMX's tiles" not in vector.weights_reason
+    assert "by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm)" in vector.weights_reason
     for ids in PROMPTS:
         a, b = tiles.logits(ids), vector.logits(ids)
         assert max(kl(b[i], a[i]) for i in range(len(ids))) <= 2e-2

@@ -2,7 +2,8 @@
 this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2, FMA, F16C), else
 ATen's (aten::_weight_int4pack_mm_for_cpu). With AMX, dot4's products of a short prompt's rows go by AMX's tiles
 (torchtpu_amx4_mm, amx4_runs()) and its longer prompt chunks by panels: unpacked to bf16 a panel of rows at a time
-and multiplied by torch's bf16 matmul (panels_run()); fma4's, and an Intel CPU's dot4 without AMX, by float32 panels
+and multiplied by torch's bf16 matmul (panels_run()). On an Intel CPU without AMX, dot4's short prompts go by fma4's
+arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm, fma16_runs()); its longer chunks, and fma4's, by float32 panels
 and torch's float32 matmul.
 
     import torch, torchtpu_int4
@@ -23,6 +24,7 @@ from ._engine import (
     BUILT_WITH_TORCH,
     DOT4_KERNEL,
     FMA4_KERNEL,
+    FMA16_KERNEL,
     INT4_KERNEL,
     RUSTC_VERSION,
     TCH_VERSION,
@@ -34,6 +36,7 @@ from ._engine import (
     dot4_runs,
     filtered_probs,
     fma4_runs,
+    fma16_runs,
     int4_kernel,
     layout_for,
     panels_run,
@@ -44,5 +47,5 @@ from ._engine import (
 WEIGHTS = ("auto", "int4", "bf16")
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "fma4_runs", "amx4_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL", "DOT4_KERNEL",
-           "FMA4_KERNEL", "AMX4_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+           "fma4_runs", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL",
+           "DOT4_KERNEL", "FMA4_KERNEL", "AMX4_KERNEL", "FMA16_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]

@@ -12,10 +12,12 @@ INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
 DOT4_KERNEL: str  # "torchtpu_dot4_mm"
 FMA4_KERNEL: str  # "torchtpu_fma4_mm"
 AMX4_KERNEL: str  # "torchtpu_amx4_mm": dot4's products of a short prompt's rows on AMX's tiles
+FMA16_KERNEL: str  # "torchtpu_fma16_mm": the same on an Intel CPU without AMX, fma4's arithmetic in 16 lanes
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
 DecodeBudget = dict  # {"tokens": list[int], "parts": list[tuple[str, float, float]], "step_s": float}
+ReadBudget = dict  # {"token": int, "parts": list[tuple[str, float, int]], "read_s": float}
 
 class TokenStream(Iterator[int]):
     """What Engine.stream / Engine.tokens return: each next() makes one decode step and yields its token; ends after
@@ -100,6 +102,10 @@ class Engine:
         """Where a decode step's time goes: reads `ids`, makes `steps` greedy decode steps as generate does, each
         part of them timed on its own; per step on average: (name, seconds, bytes read as stored) for every part
         (they cover the whole step) and their sum step_s; the tokens (the read's first, then one per step)."""
+    def read_budget(self, ids: list[int]) -> ReadBudget:
+        """Where a prompt read's time goes: reads `ids` into a fresh cache as generate does (its chunks, the head on
+        the last row, the first greedy token), each part timed on its own: (name, seconds, bytes read as stored) for
+        every part, their sum read_s, and the first token."""
     def stream(
         self,
         ids: list[int],
@@ -165,6 +171,10 @@ def amx4_runs() -> bool:
     """Whether dot4's products of 4 to 127 rows (a short prompt's) go by AMX's tiles here (torchtpu_amx4_mm, dot4's
     arithmetic): the CPU has AMX and AVX512-BF16, Linux lets the process use the tiles, ATen may use AVX-512 and
     oneDNN AMX."""
+def fma16_runs() -> bool:
+    """Whether dot4's products of 4 to 127 rows (a short prompt's) go by fma4's arithmetic in AVX-512's 16 lanes here
+    (torchtpu_fma16_mm): dot4 runs, AMX's tiles do not (amx4_runs()), and the CPU is an Intel one, where a 512-bit FMA
+    issues twice a cycle and vdpbf16ps once every two."""
 def panels_run() -> bool:
     """Whether dot4's prompt chunks (128 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
     bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, ATen may use AVX-512 and oneDNN AMX). Where they do not
