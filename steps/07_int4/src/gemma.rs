@@ -609,11 +609,17 @@ pub struct Cache {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeSlots {
     /// The visible bucket: the slots up to the step's position, rounded up as a prompt chunk's are
-    /// (`full_slots_for`). A few shapes (eight at E2B), and no work on empty slots: the CPU and CUDA default.
+    /// (`full_slots_for`). A few shapes (eleven at E2B), and no work on empty slots: the CPU and CUDA default.
     Bucket,
     /// All `ctx` slots: one shape, so one compiled program at every position — the TPU default.
     All,
 }
+
+/// The fewest slots a prompt chunk or decode step attends over (`Cache::full_slots_for`). Step 03 started the
+/// buckets at the chunk length, 512 at E2B, so a 19-token prompt scored 512 slots in every layer; from 64, three more
+/// shapes for a TPU to compile (64, 128 and 256), and E2B's 19-token read on an AMX Xeon kept from AMX spent 8.7 ms
+/// in attention instead of 27.8 (`budget.py --read`, 2026-12-06; 62.7 tok/s instead of 52.4).
+pub const SMALLEST_BUCKET: i64 = 64;
 
 /// One layer's cache, `[kv_heads, slots, head_dim]` each.
 struct KeyValues {
@@ -680,12 +686,13 @@ impl Cache {
     // --8<-- [start:full_slots]
     /// How many slots of a full cache a prompt chunk ending at position `end` (exclusive) attends over. A prompt
     /// fills a full cache from slot 0 and never wraps it (it is at most `ctx` long), so all the chunk can see lies
-    /// in slots `0..end`. That is rounded up to the chunk length times a power of two, capped at `ctx`: a handful
-    /// of shapes to compile (eight for E2B's 512-token chunks in a 33,024-token context), and a chunk near the
-    /// start of a long context does not score thousands of empty slots. The rounding adds only masked slots,
-    /// whose probabilities are exactly 0, so the result does not change.
+    /// in slots `0..end`. That is rounded up to `SMALLEST_BUCKET` (or the chunk length, if shorter) times a power of
+    /// two, capped at `ctx`: a handful of shapes to compile (eleven for E2B's 512-token chunks in a 33,024-token
+    /// context), and a chunk near the start of a long context does not score thousands of empty slots, nor a short
+    /// prompt hundreds. The rounding adds only masked slots, whose probabilities are exactly 0, so the result does
+    /// not change.
     pub fn full_slots_for(&self, end: i64) -> i64 {
-        let mut slots = self.chunk_len();
+        let mut slots = self.chunk_len().min(SMALLEST_BUCKET);
         while slots < end {
             slots *= 2;
         }
@@ -1152,10 +1159,13 @@ mod tests {
             .into_iter()
             .map(|end| cache.full_slots_for(end))
             .collect();
-        assert_eq!(buckets, [512, 512, 1024, 4096, 16384, 32768, 32768, 33024, 33024]);
+        assert_eq!(buckets, [64, 512, 1024, 4096, 16384, 32768, 32768, 33024, 33024]);
+        let buckets: Vec<i64> = [19, 64, 65, 200, 300].into_iter().map(|end| cache.full_slots_for(end)).collect();
+        assert_eq!(buckets, [64, 64, 128, 256, 512]);
         let distinct: std::collections::BTreeSet<i64> = (1..=33024).map(|end| cache.full_slots_for(end)).collect();
-        assert_eq!(distinct.len(), 8, "{distinct:?}");
-        assert_eq!(Cache::new(&narrow_e2b(), 300, Kind::Float, &cpu()).unwrap().full_slots_for(10), 300);
+        assert_eq!(distinct.len(), 11, "{distinct:?}");
+        let short = Cache::new(&narrow_e2b(), 300, Kind::Float, &cpu()).unwrap();
+        assert_eq!((short.full_slots_for(10), short.full_slots_for(290)), (64, 300));
     }
 
     #[test]

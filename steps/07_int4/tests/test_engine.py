@@ -237,6 +237,22 @@ def test_the_bf16_path_is_step_03s(tiny, attention_dtype):
     assert ours.generate(PROMPTS[0], 24)[0] == theirs.generate(PROMPTS[0], 24)[0]
 
 
+@pytest.mark.parametrize("attention_dtype", [None, "float32"])
+def test_short_prompts_attend_over_64_slots_with_step_03s_bits(tiny, tmp_path, attention_dtype):
+    """Step 03 rounds the slots a chunk or a decode step attends over up from the chunk length (the tiny model's
+    window, 16); this step from 64 where the chunk is longer (gemma.rs: SMALLEST_BUCKET). The slots it leaves out are
+    masked ones, so with a window of 128 the bf16 path still gives step 03's logits and tokens bit for bit: after 20
+    and 100 tokens (64 and 128 slots against 128), and decoding past 64."""
+    import torchtpu_rs
+
+    folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
+    ours = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16", attention_dtype=attention_dtype)
+    theirs = torchtpu_rs.Engine(folder, None, cpu(), CTX, attention_dtype=attention_dtype)
+    for ids in (PROMPTS[1][:20], PROMPTS[1][:100]):
+        assert torch.equal(ours.logits(ids), theirs.logits(ids))
+    assert ours.generate(PROMPTS[1][:40], 40)[0] == theirs.generate(PROMPTS[1][:40], 40)[0]
+
+
 def test_generate_contract_holds_in_int4(tiny):
     engine = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights="int4")
     prompt = [2, 40, 41, 42]
