@@ -98,7 +98,7 @@ def chart(result: dict, unit: str, title: str, path: str) -> None:
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
     ax.set_xlabel(f"ms per {unit}")
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(textwrap.fill(title, 110), fontsize=9)
+    ax.set_title(textwrap.fill(title, 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
