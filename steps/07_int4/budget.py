@@ -150,7 +150,8 @@ def main() -> None:
     records.write_json(args.json, device, model=records.name(args.model), weights=engine.weights,
                        int4_matmul=engine.int4_matmul, attention_dtype=engine.attention_dtype,
                        decode_attention=engine.decode_attention,
-                       prompt_ids=ids, budget="read" if args.read else "decode", steps=None if args.read else args.steps,
+                       prompt_ids=ids, budget="read" if args.read else "decode",
+                       steps=None if args.read else args.steps,
                        repeat=args.repeat, tokens=[budgets[0]["token"]] if args.read else budgets[0]["tokens"],
                        rounds=[{"parts": b["parts"], seconds: b[seconds]} for b in budgets],
                        untimed_step_s=untimed, **result)

@@ -38,63 +38,42 @@ use crate::tanh;
 type Multiply =
     unsafe extern "C" fn(*const u16, *const i32, *const u16, bool, *mut u16, i64, i64, i64, i64, i32, *const u16);
 
+/// Declares the products of this step's kernels, which share one C signature: y [m, n] = x [m, k] · Wᵀ; s the
+/// scales, f16 where f16_scales, else bf16; gelu_lanes 0, or 16 / 8: y the gelu of gate's products times up's, or
+/// times `up` where given, in ATen's AVX-512 / AVX2 bits (dot4.cpp says it whole).
+macro_rules! products {
+    ($($(#[$doc:meta])* $name:ident;)*) => {
+        extern "C" {
+            $($(#[$doc])*
+            fn $name(
+                x: *const u16,
+                w: *const i32,
+                s: *const u16,
+                f16_scales: bool,
+                y: *mut u16,
+                m: i64,
+                n: i64,
+                k: i64,
+                group: i64,
+                gelu_lanes: i32,
+                up: *const u16,
+            );)*
+        }
+    };
+}
+
+products! {
+    /// dot4.cpp: AVX-512 and AVX512-BF16's `vdpbf16ps`
+    torchtpu_dot4_mm;
+    /// fma4.cpp: AVX2, FMA and F16C
+    torchtpu_fma4_mm;
+    /// fma4.cpp: fma4's arithmetic in AVX-512's 16 lanes
+    torchtpu_fma16_mm;
+    /// amx4.cpp: dot4's arithmetic on AMX's tiles
+    torchtpu_amx4_mm;
+}
+
 extern "C" {
-    // s: the scales, f16 where f16_scales, else bf16; gelu_lanes 0, or 16 / 8: y the gelu of gate's products times
-    // up's, or times `up` where given, in ATen's AVX-512 / AVX2 bits (dot4.cpp)
-    fn torchtpu_dot4_mm(
-        x: *const u16,
-        w: *const i32,
-        s: *const u16,
-        f16_scales: bool,
-        y: *mut u16,
-        m: i64,
-        n: i64,
-        k: i64,
-        group: i64,
-        gelu_lanes: i32,
-        up: *const u16,
-    );
-    fn torchtpu_fma4_mm(
-        x: *const u16,
-        w: *const i32,
-        s: *const u16,
-        f16_scales: bool,
-        y: *mut u16,
-        m: i64,
-        n: i64,
-        k: i64,
-        group: i64,
-        gelu_lanes: i32,
-        up: *const u16,
-    );
-    // fma4.cpp: fma4's arithmetic in AVX-512's 16 lanes, as torchtpu_dot4_mm takes them
-    fn torchtpu_fma16_mm(
-        x: *const u16,
-        w: *const i32,
-        s: *const u16,
-        f16_scales: bool,
-        y: *mut u16,
-        m: i64,
-        n: i64,
-        k: i64,
-        group: i64,
-        gelu_lanes: i32,
-        up: *const u16,
-    );
-    // amx4.cpp: dot4's products on AMX's tiles, as torchtpu_dot4_mm takes them
-    fn torchtpu_amx4_mm(
-        x: *const u16,
-        w: *const i32,
-        s: *const u16,
-        f16_scales: bool,
-        y: *mut u16,
-        m: i64,
-        n: i64,
-        k: i64,
-        group: i64,
-        gelu_lanes: i32,
-        up: *const u16,
-    );
     // panels.cpp: `blocks` blocks of 16 rows back to bf16 weights, into wt [k, 16 · blocks]
     fn torchtpu_unpack_panel(
         w: *const i32,

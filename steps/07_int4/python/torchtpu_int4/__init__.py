@@ -48,4 +48,5 @@ WEIGHTS = ("auto", "int4", "bf16")
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
            "fma4_runs", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL",
-           "DOT4_KERNEL", "FMA4_KERNEL", "AMX4_KERNEL", "FMA16_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+           "DOT4_KERNEL", "FMA4_KERNEL", "AMX4_KERNEL", "FMA16_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION",
+           "BUILT_WITH_TORCH"]
