@@ -1,6 +1,7 @@
 // This step's int4 matmul for CPUs with AVX2, FMA and F16C but no AVX512-BF16 (AMD Zen 2 and 3, Intel desktops and
 // laptops before Sapphire Rapids, and any CPU kept to AVX2): the same W4A16 arithmetic as dot4.cpp, on the same
-// layout (dot4.cpp draws it), in 8-lane float32 registers. dot4.rs says when it runs and what it computes.
+// layout (dot4.cpp draws it), in 8-lane float32 registers. And the same in AVX-512's 16 lanes (block16 below), which
+// takes a short prompt's rows from dot4 on an Intel CPU without AMX. dot4.rs says when each runs and what it computes.
 //
 // --8<-- [start:idea]
 // A nibble is never shifted into place: `word & (0xF << 4p)` is u · 16^p, an integer that `vcvtdq2ps` turns into
@@ -118,6 +119,10 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
   }
 }
 
+// Rows of x a 16-lane pass takes (blocks.h's ROWS for block16): 8 rows' two sums each and the block's accumulators
+// leave registers for the word, its nibble and the masks.
+constexpr int64_t PASS = 8;
+
 // --8<-- [start:wide]
 // The same arithmetic in AVX-512's 16-lane registers, for a prompt's rows on an Intel CPU with AVX512-BF16 and no AMX
 // (dot4.rs says when): there a 512-bit FMA issues twice a cycle and dot4's `vdpbf16ps`, which does twice an FMA's
@@ -127,20 +132,23 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
 // x; with 8 rows of x a pass, 4 in 5 of the vector instructions are the product's own.
 // Each row's sums are the same two per group whatever the pass's count of rows, so a row of y has the same bits in
 // any pass; the embedded broadcast ({1to16}) reads an activation straight into its FMA.
+// Rows m..m+R of y for one block of 16 outputs, as block's, but xs is the pass's [K, PASS]: column k's activations of
+// its rows side by side at one address (with x's rows K apart, eight row pointers crowded out the sums and were
+// reloaded from the stack before every FMA).
 template <int R, bool F16>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block16(const float* xs, const float* corr, int64_t groups,
-                                                                     const float* unscale,
-                                                                     const int32_t* w, const uint16_t* s,
-                                                                     int64_t group, uint16_t* y, int64_t N) {
+                                                                     const float* unscale, const int32_t* w,
+                                                                     const uint16_t* s, int64_t group, uint16_t* y,
+                                                                     int64_t N) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t octets = group / 8;
   const int32_t* at = w;
-  const float* xk = xs;  // [K, 8]: column k's activations of the pass's rows side by side
+  const float* xk = xs;
   for (int64_t g = 0; g < groups; ++g) {
     __m512 part[R][2];  // columns k + c for even c, and odd: two sums in flight per row
     for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm512_setzero_ps();
-    for (int64_t o = 0; o < octets; ++o, at += 16, xk += 64) {
+    for (int64_t o = 0; o < octets; ++o, at += 16, xk += 8 * PASS) {
       _mm_prefetch(reinterpret_cast<const char*>(at) + AHEAD, _MM_HINT_T1);
       const __m512i word = _mm512_loadu_si512(at);
 #pragma GCC unroll 8
@@ -150,7 +158,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block16(const float*
         const __m512 u = _mm512_cvtepi32_ps(nibble);  // u · 16^p (u for the top nibble), exact
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
-          part[r][c % 2] = _mm512_fmadd_ps(u, _mm512_set1_ps(xk[c * 8 + r]), part[r][c % 2]);
+          part[r][c % 2] = _mm512_fmadd_ps(u, _mm512_set1_ps(xk[c * PASS + r]), part[r][c % 2]);
       }
     }
     _mm_prefetch(reinterpret_cast<const char*>(s + g * 16) + AHEAD / 8, _MM_HINT_T0);
@@ -169,9 +177,7 @@ template <bool F16, bool WIDE>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group;
-  // the scaled activations: [M, K], or for the 16-lane blocks [M / 8, K, 8] (rows padded to 8 with zeros), the 8 rows
-  // of a pass side by side, so that a column's 8 activations are 32 bytes at one address
-  constexpr int64_t PASS = 8;
+  // the scaled activations: [M, K], or for the 16-lane blocks [M / PASS, K, PASS] (rows padded with zeros)
   std::vector<float> xs(WIDE ? (M + PASS - 1) / PASS * PASS * K : M * K), corr(M * groups), unscale(M);
   float factor[8];
   for (int c = 0; c < 8; ++c) factor[c] = undo(c);
