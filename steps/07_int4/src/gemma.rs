@@ -1085,6 +1085,7 @@ impl Gemma {
         interrupted()?;
         Ok((tokens, budget))
     }
+
     /// Reads the prompt `ids` as `generate` does — its chunks, the head on the last row, the first token — with a
     /// budget taken: the first token, and what each part of the read took and read.
     pub fn read_budget(
