@@ -15,6 +15,7 @@ extern "C" {
     // the instructions each kernel file is compiled for, as the CPU's flags report them (dot4.cpp, fma4.cpp)
     fn torchtpu_dot4_supported() -> bool;
     fn torchtpu_fma4_supported() -> bool;
+    fn torchtpu_fma16_supported() -> bool;
     fn torchtpu_attend_supported() -> bool; // attend.cpp
     fn torchtpu_panels_supported() -> bool; // panels.cpp
     fn torchtpu_amx4_supported() -> bool; // amx4.cpp, with Linux's leave to use AMX's tiles
@@ -73,12 +74,22 @@ pub fn amx4_runs() -> bool {
     flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
 }
 
-/// Whether dot4's products of a prompt's rows go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`)
-/// where AMX's tiles do not run: on an Intel CPU, for the reason its longer chunks go by float32 panels (below) — a
-/// 512-bit FMA issues twice a cycle, `vdpbf16ps` once every two. Its instructions are dot4's (AVX-512, AVX512-BF16).
+/// Whether `torchtpu_fma16_mm`, fma4's arithmetic in AVX-512's 16 lanes, can run here: AVX-512 F and BW, with ATen
+/// allowed AVX-512 (the tests run it wherever it can; `fma16_runs` says where the engine takes it).
+pub fn fma16_can_run() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_fma16_supported() };
+    flags && aten_isa() >= Isa::Avx512
+}
+
+/// Whether this step's products of a prompt's rows go by fma16 where AMX's tiles do not take them (`Kernel::prompt`
+/// asks for the tiles first): on an Intel CPU with AVX-512 — for dot4, for the reason its longer chunks go by float32
+/// panels (below): a 512-bit FMA issues twice a cycle, `vdpbf16ps` once every two; for fma4 (AVX-512 without
+/// AVX512-BF16: a Xeon from Skylake to Ice Lake), twice its 8 lanes. An AMD EPYC Zen 4 runs a 512-bit FMA as two
+/// 256-bit halves, so dot4 keeps its rows there.
 pub fn fma16_runs() -> bool {
     // SAFETY: reads the CPU's vendor, nothing else.
-    dot4_runs() && !amx4_runs() && unsafe { torchtpu_intel() }
+    fma16_can_run() && unsafe { torchtpu_intel() }
 }
 
 /// Whether dot4's prompt chunks go by float32 panels where the bf16 ones do not run (`torchtpu_unpack_panel_float`,
@@ -130,7 +141,7 @@ mod tests {
                 assert_eq!(aten_isa(), Isa::Avx2);
                 assert!(fma4_runs() && attend_runs(), "fma4 and attend must run on an AVX2 CPU with FMA and F16C");
                 assert!(
-                    !dot4_runs() && !panels_run() && !amx4_runs() && !fma16_runs(),
+                    !dot4_runs() && !panels_run() && !amx4_runs() && !fma16_can_run(),
                     "no AVX-512 kernel may run here"
                 );
                 // SAFETY: reads the CPU's feature flags, nothing else.

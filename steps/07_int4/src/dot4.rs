@@ -102,12 +102,16 @@ extern "C" {
 /// 1536] 0.10-0.11 / 0.14 / 0.18 and 0.11 / 0.11; [1536 × 6144] 0.35-0.37 / 0.43-0.46 / 0.56 and 0.39-0.40 / 0.38-0.41
 /// (at 1 row 0.29, 0.05 and 0.14 ms either way: dot4's, memory's pace).
 pub const TILE_MIN_ROWS: i64 = 4;
-/// From how many activation rows dot4's products go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`,
+/// From how many activation rows products go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`,
 /// fma4.cpp) where it is the way (`cpu::fma16_runs`): a prompt's, never a decode step's. On an Intel Xeon kept from
 /// AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`), 2 threads, best of 7 (2026-12-06), E2B's [12288 × 1536] took 0.27 /
 /// 0.64 / 0.84 / 3.30 / 3.60-3.91 / 26.2 ms by dot4 at 1 / 3 / 4 / 16 / 19 / 128 rows and 0.30 / 0.49 / 0.64 / 1.98 /
 /// 2.25-2.73 / 16.6-17.7 by fma16; [2048 × 1536] 0.04 / 0.11 / 0.14 / 0.56 and 0.06 / 0.10 / 0.12 / 0.39; [1536 ×
-/// 6144] 0.13 / 0.31 / 0.40 / 1.54 and 0.16 / 0.27 / 0.35 / 1.12: a decode step's one row stays dot4's.
+/// 6144] 0.13 / 0.31 / 0.40 / 1.54 and 0.16 / 0.27 / 0.35 / 1.12: a decode step's one row stays dot4's. And against
+/// fma4 (8 lanes, what a Xeon with AVX-512 and no AVX512-BF16 ran), in one later run: [12288 × 1536] at 4 / 16 / 19 /
+/// 128 rows 0.84 / 3.47 / 4.10 / 29.2 ms by fma4, 0.58 / 1.82 / 2.33 / 15.7 by fma16; [2048 × 1536] at 19 rows 0.74
+/// and 0.46; [1536 × 6144] 2.20 and 1.40. (At 1 row fma16 took 0.27 against fma4's 0.36 warm in cache; a decode step
+/// streams its weights from memory, and fma4's row stays its own, not measured streamed against fma16.)
 pub const FMA16_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
 /// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel: on
@@ -168,11 +172,11 @@ impl Kernel {
     }
 
     /// What its products of a prompt's rows go by here (cpu.rs), or None: the kernel itself. dot4's, where AMX runs
-    /// (AMX's tiles) or on an Intel CPU without it (fma4's arithmetic in 16 lanes).
+    /// (AMX's tiles); either kernel's on an Intel CPU with AVX-512 and no AMX (fma4's arithmetic in 16 lanes).
     pub fn prompt(self) -> Option<Prompt> {
         match self {
             Kernel::Dot4 if cpu::amx4_runs() => Some(Prompt::Tiles),
-            Kernel::Dot4 if cpu::fma16_runs() => Some(Prompt::Fma16),
+            _ if cpu::fma16_runs() => Some(Prompt::Fma16),
             _ => None,
         }
     }
@@ -218,7 +222,7 @@ pub enum Prompt {
     /// an instruction.
     Tiles,
     /// fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`, fma4.cpp): float32 FMAs, where an Intel core
-    /// issues two a cycle and one `vdpbf16ps` every two.
+    /// issues two a cycle and one `vdpbf16ps` every two, in twice fma4's lanes.
     Fma16,
 }
 
@@ -606,18 +610,16 @@ mod tests {
     }
 
     /// Each way of this step's kernels that can run here, whether or not the engine takes it here: each kernel by
-    /// itself at every row count, and dot4 with each prompt way that runs here — fma4's arithmetic in 16 lanes
-    /// wherever dot4 runs (the engine takes it on an Intel CPU without AMX), AMX's tiles where AMX runs.
+    /// itself at every row count, fma4's arithmetic in 16 lanes wherever AVX-512 runs (the engine takes it on an
+    /// Intel CPU without AMX), and dot4 by AMX's tiles where AMX runs.
     fn ways_here() -> Vec<Way> {
-        let mut here = vec![];
-        for kernel in kernels_here() {
-            here.push(Way { kernel, prompt: None });
-            if kernel == Kernel::Dot4 {
-                here.push(Way { kernel, prompt: Some(Prompt::Fma16) });
-                if cpu::amx4_runs() {
-                    here.push(Way { kernel, prompt: Some(Prompt::Tiles) });
-                }
-            }
+        let kernels = kernels_here();
+        let mut here: Vec<Way> = kernels.iter().map(|&kernel| Way { kernel, prompt: None }).collect();
+        if let (Some(&kernel), true) = (kernels.first(), cpu::fma16_can_run()) {
+            here.push(Way { kernel, prompt: Some(Prompt::Fma16) });
+        }
+        if Kernel::Dot4.runs() && cpu::amx4_runs() {
+            here.push(Way { kernel: Kernel::Dot4, prompt: Some(Prompt::Tiles) });
         }
         here
     }

@@ -124,19 +124,20 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
 constexpr int64_t PASS = 8;
 
 // --8<-- [start:wide]
-// The same arithmetic in AVX-512's 16-lane registers, for a prompt's rows on an Intel CPU with AVX512-BF16 and no AMX
-// (dot4.rs says when): there a 512-bit FMA issues twice a cycle and dot4's `vdpbf16ps`, which does twice an FMA's
-// multiply-adds, once every two cycles (a probe on an AMX Xeon, 2026-12-06: 7.5 G FMAs/s on one core, 1.8 G
-// vdpbf16ps/s), so once a prompt's rows share each unpacked weight, float32 FMAs do twice the work per cycle. A block's
-// 16 rows of W are one register, so a word's 8 nibbles take 8 masks (or the shift), 8 converts and 8 FMAs per row of
-// x; with 8 rows of x a pass, 4 in 5 of the vector instructions are the product's own.
+// The same arithmetic in AVX-512's 16-lane registers, for a prompt's rows on an Intel CPU with AVX-512 and no AMX
+// (dot4.rs says when; AVX-512 F and BW are all it takes). Beside dot4: a 512-bit FMA issues twice a cycle and
+// `vdpbf16ps`, which does twice an FMA's multiply-adds, once every two cycles (a probe on an AMX Xeon, 2026-12-06: 7.5
+// G FMAs/s on one core, 1.8 G vdpbf16ps/s), so once a prompt's rows share each unpacked weight, float32 FMAs do twice
+// the work per cycle. Beside fma4 (a CPU with AVX-512 and no AVX512-BF16): twice the lanes. A block's 16 rows of W
+// are one register, so a word's 8 nibbles take 8 masks (or the shift), 8 converts and 8 FMAs per row of x; with 8
+// rows of x a pass, 4 in 5 of the vector instructions are the product's own.
 // Each row's sums are the same two per group whatever the pass's count of rows, so a row of y has the same bits in
 // any pass; the embedded broadcast ({1to16}) reads an activation straight into its FMA.
 // Rows m..m+R of y for one block of 16 outputs, as block's, but xs is the pass's [K, PASS]: column k's activations of
 // its rows side by side at one address (with x's rows K apart, eight row pointers crowded out the sums and were
 // reloaded from the stack before every FMA).
 template <int R, bool F16>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void block16(const float* xs, const float* corr, int64_t groups,
+__attribute__((target("avx512f,avx512bw"))) void block16(const float* xs, const float* corr, int64_t groups,
                                                                      const float* unscale, const int32_t* w,
                                                                      const uint16_t* s, int64_t group, uint16_t* y,
                                                                      int64_t N) {
@@ -169,7 +170,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void block16(const float*
     }
   }
   for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(unscale[r]));
-  rounded16(acc, R, y, N);
+  rounded16_by_bits(acc, R, y, N);
 }
 // --8<-- [end:wide]
 
@@ -243,7 +244,11 @@ extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const uint
   (f16_scales ? multiply<true, false> : multiply<false, false>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
 }
 
-// The same product by AVX-512's 16 lanes (block16): for CPUs with AVX512-BF16, as torchtpu_dot4_mm.
+extern "C" bool torchtpu_fma16_supported() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+// The same product by AVX-512's 16 lanes (block16), for CPUs with AVX-512 F and BW.
 extern "C" void torchtpu_fma16_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
                                   uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes,
                                   const uint16_t* up) {

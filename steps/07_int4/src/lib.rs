@@ -293,9 +293,10 @@ fn amx4_runs() -> bool {
 
 /// fma16_runs() -> bool
 ///
-/// Whether dot4's products of a short prompt's rows (4 to 127) go by fma4's arithmetic in AVX-512's 16 lanes here
-/// (torchtpu_fma16_mm): dot4 runs, AMX's tiles do not (amx4_runs()), and the CPU is an Intel one, where a 512-bit
-/// FMA issues twice a cycle and vdpbf16ps once every two.
+/// Whether this step's products of a short prompt's rows (4 to 127) go by fma4's arithmetic in AVX-512's 16 lanes
+/// here (torchtpu_fma16_mm) where AMX's tiles do not take dot4's (amx4_runs() goes first): AVX-512 F and BW, ATen
+/// allowed AVX-512, and an Intel CPU — where a 512-bit FMA issues twice a cycle and vdpbf16ps once every two, and
+/// where a Xeon without AVX512-BF16 (Skylake to Ice Lake) runs fma4 in 8 lanes.
 #[pyfunction]
 fn fma16_runs() -> bool {
     cpu::fma16_runs()

@@ -27,7 +27,7 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
         auto_kernel]
     if auto_kernel == "dot4" and torchtpu_int4.amx4_runs():
         name += "; products of 4 rows or more by AMX's tiles (torchtpu_amx4_mm)"
-    if auto_kernel == "dot4" and torchtpu_int4.fma16_runs():
+    elif auto_kernel in ("dot4", "fma4") and torchtpu_int4.fma16_runs():
         name += "; products of 4 rows or more by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm)"
     if auto_kernel == "dot4" and torchtpu_int4.panels_run():
         name += ("; prompt chunks of 128 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "

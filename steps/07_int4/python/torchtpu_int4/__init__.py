@@ -2,9 +2,9 @@
 this step's own where one runs (torchtpu_dot4_mm with AVX512-BF16, else torchtpu_fma4_mm with AVX2, FMA, F16C), else
 ATen's (aten::_weight_int4pack_mm_for_cpu). With AMX, dot4's products of a short prompt's rows go by AMX's tiles
 (torchtpu_amx4_mm, amx4_runs()) and its longer prompt chunks by panels: unpacked to bf16 a panel of rows at a time
-and multiplied by torch's bf16 matmul (panels_run()). On an Intel CPU without AMX, dot4's short prompts go by fma4's
-arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm, fma16_runs()); its longer chunks, and fma4's, by float32 panels
-and torch's float32 matmul.
+and multiplied by torch's bf16 matmul (panels_run()). On an Intel CPU with AVX-512 and no AMX, dot4's or fma4's short
+prompts go by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm, fma16_runs()); their longer chunks, and
+fma4's everywhere, by float32 panels and torch's float32 matmul.
 
     import torch, torchtpu_int4
     engine = torchtpu_int4.Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", weights="auto")

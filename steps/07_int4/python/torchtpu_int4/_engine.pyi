@@ -12,7 +12,7 @@ INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
 DOT4_KERNEL: str  # "torchtpu_dot4_mm"
 FMA4_KERNEL: str  # "torchtpu_fma4_mm"
 AMX4_KERNEL: str  # "torchtpu_amx4_mm": dot4's products of a short prompt's rows on AMX's tiles
-FMA16_KERNEL: str  # "torchtpu_fma16_mm": the same on an Intel CPU without AMX, fma4's arithmetic in 16 lanes
+FMA16_KERNEL: str  # "torchtpu_fma16_mm": fma4's arithmetic in 16 lanes, for the same on an Intel CPU without AMX
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
@@ -172,9 +172,10 @@ def amx4_runs() -> bool:
     arithmetic): the CPU has AMX and AVX512-BF16, Linux lets the process use the tiles, ATen may use AVX-512 and
     oneDNN AMX."""
 def fma16_runs() -> bool:
-    """Whether dot4's products of 4 to 127 rows (a short prompt's) go by fma4's arithmetic in AVX-512's 16 lanes here
-    (torchtpu_fma16_mm): dot4 runs, AMX's tiles do not (amx4_runs()), and the CPU is an Intel one, where a 512-bit FMA
-    issues twice a cycle and vdpbf16ps once every two."""
+    """Whether this step's products of 4 to 127 rows (a short prompt's) go by fma4's arithmetic in AVX-512's 16 lanes
+    here (torchtpu_fma16_mm) where AMX's tiles do not take dot4's (amx4_runs() goes first): AVX-512 F and BW, ATen
+    allowed AVX-512, and an Intel CPU, where a 512-bit FMA issues twice a cycle and vdpbf16ps once every two, and where
+    a Xeon without AVX512-BF16 (Skylake to Ice Lake) runs fma4 in 8 lanes."""
 def panels_run() -> bool:
     """Whether dot4's prompt chunks (128 rows or more) go by panels here: unpacked to bf16 and multiplied by torch's
     bf16 matmul on AMX (the CPU has AMX and AVX512-BF16, ATen may use AVX-512 and oneDNN AMX). Where they do not
