@@ -65,7 +65,9 @@ def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
             "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "copy_gb_s": gb_s}
 
 
-def show(result: dict, unit: str) -> None:
+def show(result: dict, read: bool) -> None:
+    """The table, its sum against the same work untimed, and that against the bandwidth limit."""
+    unit, what, one = ("a prompt read", "read", "read") if read else ("a decode step", "steps", "step")
     step, untimed = result["step_ms"], result["untimed_step_ms"]
     print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at copy speed':>18}{'of its limit':>14}")
     for p in result["parts"]:
@@ -74,7 +76,6 @@ def show(result: dict, unit: str) -> None:
               f"{p['limit_ms']:>18.2f}{of_limit:>14}")
     print(f"{unit + ', the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
           f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
-    what, one = ("steps", "step") if unit == "a decode step" else ("read", "read")
     print(f"the same {what} untimed (generate): {untimed:.2f} ms a {one}; the parts add up to it within "
           f"{abs(step - untimed) / untimed:.1%}")
     print(f"at the copy's {result['copy_gb_s']:.1f} GB/s the {result['bytes_per_step'] / 1e9:.3f} GB a {one} reads "
@@ -143,7 +144,7 @@ def main() -> None:
         print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
         budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
     result = table(budgets, untimed, gb_s)
-    show(result, f"a {unit}")
+    show(result, args.read)
     if args.chart:
         chart(result, unit, f"A {unit}'s time by part: {what}", args.chart)
     seconds = "read_s" if args.read else "step_s"

@@ -68,21 +68,6 @@ inline std::vector<float> corrections(const uint16_t* x, int64_t M, int64_t K, i
   return corr;
 }
 
-// rows of 16 float32 outputs, each rounded once to bf16 (to nearest even) by AVX-512F's integer instructions, as
-// float_to_bf16 does one (NaN a quiet NaN), into y, rows N apart: for CPUs without AVX512-BF16's convert (fma4.cpp's
-// 16-lane blocks)
-__attribute__((target("avx512f"))) inline void rounded16_by_bits(const __m512* acc, int64_t rows, uint16_t* y,
-                                                                 int64_t N) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512i bits = _mm512_castps_si512(acc[r]);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(acc[r], acc[r], _CMP_UNORD_Q);
-    const __m512i out = _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0x7FC0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), _mm512_cvtepi32_epi16(out));
-  }
-}
-
 // rows of 16 float32 outputs, each rounded once to bf16 (to nearest even), into y, rows N apart (dot4.cpp, amx4.cpp)
 __attribute__((target("avx512f,avx512bf16"))) inline void rounded16(const __m512* acc, int64_t rows, uint16_t* y,
                                                                     int64_t N) {

@@ -22,7 +22,8 @@
 //! runs, dot4's products of a few to a hundred-odd rows go by its tiles instead (`torchtpu_amx4_mm`, src/amx4.cpp):
 //! the same words made into the tile's operand, 16 × 16 × 32 products an instruction, the same arithmetic. On an
 //! Intel CPU without AMX they go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`, src/fma4.cpp):
-//! there `vdpbf16ps` issues once every two cycles and a 512-bit FMA twice a cycle (`Prompt`). Chunks of more rows go
+//! there `vdpbf16ps` issues once every two cycles and a 512-bit FMA twice a cycle; so do fma4's on an Intel CPU with
+//! AVX-512 and no AVX512-BF16, twice its lanes (`Prompt`). Chunks of more rows go
 //! by panels (`by_panels`): unpacked to weights and multiplied by torch's matmul.
 use std::sync::Arc;
 
@@ -213,9 +214,9 @@ impl Kernel {
     }
 }
 
-/// What dot4's products of a prompt's rows go by, where not dot4 itself: from `min_rows` rows up to the panels'.
-/// Both compute the W4A16 arithmetic dot4 does, exactly (the same products, float32 sums per group); a prompt's rows
-/// share each weight they unpack, so there the pace is set by the multiply-adds an instruction does.
+/// What a kernel's products of a prompt's rows go by, where not the kernel itself: from `min_rows` rows up to the
+/// panels'. Both compute the W4A16 arithmetic the kernels do, exactly (the same products, float32 sums per group); a
+/// prompt's rows share each weight they unpack, so there the pace is set by the multiply-adds an instruction does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prompt {
     /// AMX's tiles (`torchtpu_amx4_mm`, amx4.cpp): dot4's words made into the tile's operand, 16 × 16 × 32 products
@@ -763,6 +764,7 @@ mod tests {
         // the kernels take a prompt's rows 4, 8 or 32 at a time (the last pass fewer): each row's sums are the same
         // whichever rows share its pass — so a token's products do not depend on where a chunk cuts the prompt
         // (fma4 alone keeps more sums in flight in a pass of 1 or 2 rows, a decode step's: other bits; none here)
+        tch::manual_seed(12);
         let w = random_matrix(2048, 1536, 12);
         // activations of many sizes, so that outputs cancel and a float32 sum's order shows in their bf16 bits
         let sizes = (Tensor::randn([19, 1536], (Kind::Float, Device::Cpu)) * 3.0).exp();

@@ -169,8 +169,11 @@ __attribute__((target("avx512f,avx512bw"))) void block16(const float* xs, const 
       acc[r] = _mm512_fmadd_ps(scale, _mm512_sub_ps(sum, _mm512_set1_ps(corr[r * groups + g])), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(unscale[r]));
-  rounded16_by_bits(acc, R, y, N);
+  // rounded once to bf16 by integer instructions (gelu.h's, ATen's own), not AVX512-BF16's convert: AVX-512 F suffices
+  for (int r = 0; r < R; ++r) {
+    const __m512 out = _mm512_mul_ps(acc[r], _mm512_set1_ps(unscale[r]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N), gelu::rounded(out));
+  }
 }
 // --8<-- [end:wide]
 
