@@ -6,7 +6,8 @@
 #   $PEER/converter/     its vendor/llama.cpp converter: convert_hf_to_gguf.py, conversion/, gguf-py/
 #   $PEER/<build>-<key>/ the wheel, its unpacked llama_cpp/lib (what LLAMA_CPP_LIB_PATH points at), cmake-args
 #   $PEER/builds.json    which folder each build is in: step 05's ways read it to pick a build
-# The native build is installed into .venv (its Python code is the same for both builds; only the library differs).
+# The native build is installed into .venv (its Python code is the same for every build; only the library differs),
+# or, where it was not made, the first build asked for.
 # Usage: tools/peer.sh [native|avx512|avx2]...   (default: all three)
 set -euo pipefail
 
@@ -77,9 +78,14 @@ manifest = {"version": version, "converter": str(peer / "converter"), "builds": 
 (peer / "builds.json").write_text(json.dumps(manifest, indent=1) + "\n")
 EOF
 
-native=$(ls "$PEER"/native-"$(key native)"/llama_cpp_python-*.whl 2>/dev/null || true)
-if [ -n "$native" ] && [ -z "${PEER_NO_INSTALL:-}" ]; then
-  "$PY" -m pip install --quiet --no-deps --force-reinstall "$native"
+# what .venv gets (see the top; `make bench-avx2` makes only the AVX2 build): a way loads its build's library by
+# LLAMA_CPP_LIB_PATH, whichever wheel installed the Python code
+wheel=$(ls "$PEER"/native-"$(key native)"/llama_cpp_python-*.whl 2>/dev/null || true)
+for b in ${@:-}; do
+  [ -n "$wheel" ] || wheel=$(ls "$PEER/$b-$(key "$b")"/llama_cpp_python-*.whl 2>/dev/null || true)
+done
+if [ -n "$wheel" ]; then
+  "$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel"
   # its run-time needs (numpy is already the project's); diskcache and jinja2 are imported by llama_cpp
   "$PY" -m pip install --quiet "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0"
 fi
