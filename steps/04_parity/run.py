@@ -51,8 +51,9 @@ def main() -> None:
     ap.add_argument("--reference-model", type=Path, help="the folder Transformers reads (default: see above)")
     ap.add_argument("--attention-dtype", choices=["bfloat16", "float32"],
                     help="what the engine's attention computes in (default: the engine's choice for this CPU)")
-    ap.add_argument("--matvec", choices=["aten", "onednn"], default="aten",
-                    help="the kernel for the engine's decode-step linears (onednn: Transformers' own)")
+    ap.add_argument("--matvec", choices=["aten", "onednn"],
+                    help="the kernel for the engine's decode-step linears (onednn: Transformers' own; default: the "
+                         "engine's choice for this CPU)")
     ap.add_argument("--prompt-len", type=int, help="prompt length in tokens (default: the built-in prompt)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")

@@ -307,6 +307,11 @@ def main() -> None:
           f"in on this CPU:")
     print("\n".join(memory_line(row) for row in rows if row["available"]))
     print("\n".join(f"{label(row)}: {row['weights_reason']}" for row in rows if row.get("weights_reason")))
+    kernels = {"aten": "ATen's mat-vec", "onednn": "oneDNN's mat-vec"}
+    dense = [f"{label(row)} on {kernels[row['matvec']]}" for row in rows
+             if row.get("matvec") and not row.get("weights_reason")]
+    if dense:
+        print(f"a decode step's one-row linears: {'; '.join(dense)}")
     for row in short.values():
         print(f"at ctx {args.short_ctx}: {label(row)} decodes {row['streamed_tok_s']:.1f} tok/s streamed, "
               f"peak {row['peak_gb']:.2f} GB")

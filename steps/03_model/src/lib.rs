@@ -72,26 +72,51 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
     }
 }
 
+/// Whether torch's bf16 matmul has a fast path on `like`'s device: on a CPU, where oneDNN finds AVX-512 or AMX
+/// (torch's `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); on any other device, yes.
+fn fast_bf16_matmul(like: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+    if device != "cpu" {
+        return Ok(true);
+    }
+    let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
+    mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()
+}
+
 /// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
-/// where torch's bf16 matmul has no fast path (oneDNN finds no AVX-512 or AMX there: torch's
-/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), where float32 attention is several times faster.
+/// where torch's bf16 matmul has no fast path, where float32 attention is several times faster.
 fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) -> PyResult<Kind> {
     match arg {
         Some(name) => compute_dtype(name).map_err(|_| {
             PyValueError::new_err(format!("attention_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))
         }),
         None if dtype == Kind::Float => Ok(Kind::Float),
-        None => {
-            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
-            let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
-            let fast_bf16: bool = mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()?;
-            Ok(if device == "cpu" && !fast_bf16 { Kind::Float } else { Kind::BFloat16 })
-        }
+        None => Ok(if fast_bf16_matmul(like)? { Kind::BFloat16 } else { Kind::Float }),
     }
 }
 
+// --8<-- [start:matvec]
+/// Whether a decode step's one-row linears run on ATen's mat-vec: the argument, or by default oneDNN's on an Intel
+/// CPU where oneDNN has a bf16 fast path (its one-row product streams a matrix from memory faster than ATen's there)
+/// and ATen's elsewhere (on an AMD EPYC, twice oneDNN's rate; without the fast path oneDNN does not take it).
+fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match arg {
+        Some("aten") => Ok(true),
+        Some("onednn") => Ok(false),
+        Some(other) => Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\", \"onednn\" or None"))),
+        None => Ok(!(intel_cpu() && fast_bf16_matmul(like)?)),
+    }
+}
+
+/// Whether the CPU is Intel's, as Linux's /proc/cpuinfo names its vendor.
+fn intel_cpu() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines().any(|line| line.starts_with("vendor_id") && line.ends_with("GenuineIntel"))
+}
+// --8<-- [end:matvec]
+
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        matvec="aten")
+///        matvec=None)
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`.
 ///
@@ -109,10 +134,11 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
 /// matvec: the kernel for a decode step's linears (one row each) on a CPU: "aten" (ATen's mat-vec, with oneDNN
-///     switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same on an
-///     AMX Xeon — step 05's bench times both) or
-///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
-///     bit, its sums being added in another order). Prompt chunks and attention use oneDNN either way.
+///     switched off for the call), "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an
+///     occasional last bf16 bit, its sums being added in another order), or None: "onednn" on an Intel CPU whose
+///     bf16 matmul has a fast path, else "aten". Which streams a matrix from memory faster depends on the CPU (step
+///     05's bench times both): ATen's twice oneDNN's on an AMD EPYC with AVX-512, oneDNN's 1.1-1.7 times ATen's on
+///     the Intel Xeons measured. Prompt chunks and attention use oneDNN either way.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_rs")]
@@ -141,7 +167,7 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, matvec = "aten"))]
+                        attention_dtype = None, matvec = None))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -152,17 +178,13 @@ impl Engine {
         progress: Option<Bound<'_, PyAny>>,
         decode_slots: Option<&str>,
         attention_dtype: Option<&str>,
-        matvec: &str,
+        matvec: Option<&str>,
     ) -> PyResult<Self> {
-        let matvec_in_aten = match matvec {
-            "aten" => true,
-            "onednn" => false,
-            other => return Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\" or \"onednn\""))),
-        };
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
         let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
+        let matvec_in_aten = matvec_in_aten_arg(matvec, like)?;
         let like = like_tensor;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;

@@ -239,6 +239,10 @@ def test_one_row_linears_leave_torchs_onednn_switch_as_it_was():
             torch.backends.mkldnn.enabled = True
 
 
-def test_a_bad_matvec_is_refused(tiny):
+def test_a_bad_matvec_is_refused_and_the_default_is_the_rust_engines(tiny):
     with pytest.raises(ValueError, match="matvec"):
         Baseline(tiny / "text", tiny / "emb4", "cpu", 64, matvec="mkldnn")
+    # both ways decode on the same kernel unless told: the one that streams faster on this kind of CPU
+    rust = torchtpu_rs.Engine(tiny / "text", tiny / "emb4", torch.zeros(1), 64)
+    assert Baseline(tiny / "text", tiny / "emb4", "cpu", 64).matvec == rust.matvec
+    assert Baseline(tiny / "text", tiny / "emb4", "cpu", 64, matvec="aten").matvec == "aten"

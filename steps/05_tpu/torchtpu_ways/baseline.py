@@ -38,12 +38,24 @@ MATVECS = ("aten", "onednn")
 _one_row_in_aten = False  # set for an eager decode step by `one_row_in_aten`; read by `linear`
 
 
+def matvec_default(device) -> str:
+    """The kernel an eager decode step's one-row linears run on unless told: oneDNN's on an Intel CPU whose bf16
+    matmul has a fast path (there its one-row product streams a matrix from memory faster than ATen's), ATen's
+    elsewhere (twice oneDNN's rate on an AMD EPYC; without the fast path oneDNN takes no bf16 product). As the Rust
+    Engine; bench.py times both kernels."""
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    if kind != "cpu" or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "aten"
+    with open("/proc/cpuinfo") as f:
+        intel = any(line.startswith("vendor_id") and line.rstrip().endswith("GenuineIntel") for line in f)
+    return "onednn" if intel else "aten"
+
+
 @contextmanager
 def one_row_in_aten(aten: bool):
-    """Within: one-row linears (a decode step's) on ATen's mat-vec when `aten`, else on oneDNN's. On a CPU where
-    torch hands bf16 matmuls to oneDNN (AVX-512, AMX), oneDNN is fast for a prompt chunk's rows and slow for one
-    row; ATen's kernel sums in another order, so an output now and then differs in its last bf16 bit (bench.py
-    times both kernels and counts the bits)."""
+    """Within: one-row linears (a decode step's) on ATen's mat-vec when `aten`, else on oneDNN's (a prompt chunk's
+    rows stay on oneDNN's either way, much the faster for them). ATen's kernel sums in another order, so an output
+    now and then differs in its last bf16 bit (bench.py times both kernels and counts the bits)."""
     global _one_row_in_aten
     before, _one_row_in_aten = _one_row_in_aten, aten
     try:
@@ -380,23 +392,23 @@ class Baseline:
     attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
         whose bf16 matmul has no fast path (`attention_dtype_default`). The caches are held in it.
     matvec: the kernel for an eager decode step's one-row linears on a CPU: "aten" (ATen's mat-vec, oneDNN off
-        for the call, as the Rust Engine by default) or "onednn" (Transformers' kernel, bit for bit). A compiled
-        step runs the kernels inductor picks.
+        for the call), "onednn" (Transformers' kernel, bit for bit), or None: the faster on this kind of CPU
+        (`matvec_default`, as the Rust Engine). A compiled step runs the kernels inductor picks.
     """
 
     # --8<-- [start:load]
     def __init__(self, model_dir, emb4_dir, device, ctx: int, dtype: str = "bfloat16", compile: bool = False,
-                 decode_slots: str | None = None, attention_dtype: str | None = None, matvec: str = "aten"):
+                 decode_slots: str | None = None, attention_dtype: str | None = None, matvec: str | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: use \"bfloat16\" or \"float32\"")
         if decode_slots not in (None, *DECODE_SLOTS):
             raise ValueError(f"decode_slots={decode_slots!r}: use \"bucket\", \"all\" or None")
         if attention_dtype not in (None, *DTYPES):
             raise ValueError(f"attention_dtype={attention_dtype!r}: use \"bfloat16\", \"float32\" or None")
-        if matvec not in MATVECS:
-            raise ValueError(f"matvec={matvec!r}: use \"aten\" or \"onednn\"")
+        if matvec not in (None, *MATVECS):
+            raise ValueError(f"matvec={matvec!r}: use \"aten\", \"onednn\" or None")
         self.decode_slots = decode_slots or decode_slots_default(device)
-        self.matvec, self.compiled = matvec, compile
+        self.matvec, self.compiled = matvec or matvec_default(device), compile
         self.cfg = cfg = TextConfig.from_file(Path(model_dir) / "config.json")
         if not 1 <= ctx <= cfg.max_position_embeddings:
             raise ValueError(f"ctx={ctx}: must be between 1 and max_position_embeddings={cfg.max_position_embeddings}")

@@ -94,6 +94,8 @@ def measure(args: argparse.Namespace) -> dict:
         "kv_read": "seen" if getattr(model, "decode_attention", "aten") == "own" else "slots",
         "memory": model.memory(),
         "weights_reason": getattr(model, "weights_reason", None),  # step 07's: which int4 kernel, and why
+        # the kernel of an eager decode step's dense one-row linears ("aten" or "onednn"); a compiled step's: inductor's
+        "matvec": None if getattr(model, "compiled", False) else model.matvec,
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),
     }
 

@@ -108,8 +108,22 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
     }
 }
 
+/// Whether a decode step's dense one-row linears run on ATen's mat-vec: the argument, or by default oneDNN's where
+/// `cpu::onednn_matvec_faster` says (as step 03), ATen's elsewhere.
+fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match arg {
+        Some("aten") => Ok(true),
+        Some("onednn") => Ok(false),
+        Some(other) => Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\", \"onednn\" or None"))),
+        None => {
+            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+            Ok(!(device == "cpu" && cpu::onednn_matvec_faster(like.py())?))
+        }
+    }
+}
+
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto", int4_matmul="auto", matvec="aten", decode_attention="auto")
+///        weights="auto", int4_matmul="auto", matvec=None, decode_attention="auto")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -136,10 +150,10 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 ///     else aten; under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, fma4). All compute the same W4A16
 ///     products, their float32 sums in other orders.
 /// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
-///     oneDNN switched off for the call: twice oneDNN's one-row rate from memory on an AVX-512 EPYC, about the same
-///     on an AMX Xeon — step 05's bench times both) or
-///     "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an occasional last bf16
-///     bit, its sums being added in another order). It does not touch the int4 kernels.
+///     oneDNN switched off for the call), "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ
+///     in an occasional last bf16 bit, its sums being added in another order), or None: "onednn" on an Intel CPU
+///     whose bf16 matmul has a fast path, else "aten" (as step 03: the one that streams a matrix faster there). It
+///     does not touch the int4 kernels.
 /// decode_attention: what runs the attention of a one-token pass (a decode step; a prompt's last chunk of one token)
 ///     over the cache: "own" (this step's torchtpu_attend_one: one call per layer instead of ATen's seven ops, whose
 ///     set-up on a CPU costs more than the cache's bytes; a CPU with AVX2 and FMA, bfloat16, NotImplementedError
@@ -450,7 +464,7 @@ impl PyInt4Linear {
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = "aten",
+                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = None,
                         decode_attention = "auto"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
@@ -464,18 +478,14 @@ impl Engine {
         attention_dtype: Option<&str>,
         weights: &str,
         int4_matmul: &str,
-        matvec: &str,
+        matvec: Option<&str>,
         decode_attention: &str,
     ) -> PyResult<Self> {
-        let matvec_in_aten = match matvec {
-            "aten" => true,
-            "onednn" => false,
-            other => return Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\" or \"onednn\""))),
-        };
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
         let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
+        let matvec_in_aten = matvec_in_aten_arg(matvec, like)?;
         let like = like_tensor;
         let matmul = choose_matmul(int4_matmul, dtype, &like)?;
         let (weights, fallback, weights_reason) = choose_weights(weights, matmul, dtype, &like)?;

@@ -34,7 +34,7 @@ class Engine:
         progress: Callable[[int, int], object] | None = None,
         decode_slots: Literal["bucket", "all"] | None = None,
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
-        matvec: Literal["aten", "onednn"] = "aten",
+        matvec: Literal["aten", "onednn"] | None = None,
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
@@ -42,9 +42,10 @@ class Engine:
         attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
-        matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call: twice
-        oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
-        (Transformers' decode kernel, bit for bit)."""
+        matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call) or
+        "onednn" (Transformers' decode kernel, bit for bit); None: "onednn" on an Intel CPU whose bf16 matmul has a
+        fast path, "aten" elsewhere (from memory, ATen's ran at twice oneDNN's rate on an AVX-512 EPYC, oneDNN's at
+        1.1-1.7 times ATen's on the Intel Xeons measured)."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property

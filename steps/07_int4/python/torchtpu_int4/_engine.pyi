@@ -44,7 +44,7 @@ class Engine:
         attention_dtype: Literal["bfloat16", "float32"] | None = None,
         weights: Literal["auto", "int4", "bf16"] = "auto",
         int4_matmul: Literal["auto", "dot4", "fma4", "aten"] = "auto",
-        matvec: Literal["aten", "onednn"] = "aten",
+        matvec: Literal["aten", "onednn"] | None = None,
         decode_attention: Literal["auto", "own", "aten"] = "auto",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
@@ -59,9 +59,9 @@ class Engine:
         int4_matmul: the int4 kernel — "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16;
         NotImplementedError elsewhere), "fma4" (torchtpu_fma4_mm: AVX2 and FMA, bfloat16), "aten"
         (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs, else fma4, else aten).
-        matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call:
-        twice oneDNN's one-row rate on an AVX-512 EPYC, about the same on an AMX Xeon) or "onednn"
-        (Transformers' decode kernel, bit for bit). It does not touch the int4 kernels.
+        matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call) or
+        "onednn" (Transformers' decode kernel, bit for bit); None: "onednn" on an Intel CPU whose bf16 matmul has a
+        fast path, "aten" elsewhere (as step 03). It does not touch the int4 kernels.
         decode_attention: what runs the attention of a one-token pass (a decode step) over the cache — "own" (this
         step's torchtpu_attend_one, one call per layer: a CPU with AVX2 and FMA, bfloat16; NotImplementedError
         elsewhere), "aten" (ATen's ops, as step 03), "auto" (own where the linears run on dot4 or fma4, else aten).
