@@ -72,15 +72,15 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
     }
 }
 
-/// Whether torch's bf16 matmul has a fast path on `like`'s device: on a CPU, where oneDNN finds AVX-512 or AMX
-/// (torch's `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); on any other device, yes.
-fn fast_bf16_matmul(like: &Bound<'_, PyAny>) -> PyResult<bool> {
+/// On a CPU, whether torch's bf16 matmul has a fast path there: oneDNN finds AVX-512 or AMX (torch's
+/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); on any other device, None.
+fn cpu_bf16_fast_path(like: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
     let device: String = like.getattr("device")?.getattr("type")?.extract()?;
     if device != "cpu" {
-        return Ok(true);
+        return Ok(None);
     }
     let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
-    mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract()
+    mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract().map(Some)
 }
 
 /// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
@@ -91,7 +91,7 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
             PyValueError::new_err(format!("attention_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))
         }),
         None if dtype == Kind::Float => Ok(Kind::Float),
-        None => Ok(if fast_bf16_matmul(like)? { Kind::BFloat16 } else { Kind::Float }),
+        None => Ok(if cpu_bf16_fast_path(like)? == Some(false) { Kind::Float } else { Kind::BFloat16 }),
     }
 }
 
@@ -104,7 +104,7 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
         Some("aten") => Ok(true),
         Some("onednn") => Ok(false),
         Some(other) => Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\", \"onednn\" or None"))),
-        None => Ok(!(intel_cpu() && fast_bf16_matmul(like)?)),
+        None => Ok(!(cpu_bf16_fast_path(like)? == Some(true) && intel_cpu())),
     }
 }
 
@@ -129,7 +129,8 @@ fn intel_cpu() -> bool {
 /// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
 ///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
 ///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
-///     Both give the same tokens and logits, bit for bit.
+///     Both give the same tokens and logits, bit for bit (without AVX-512, where MKL's float32 product sums a row of
+///     more slots in another order, the logits a float32 rounding apart).
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.

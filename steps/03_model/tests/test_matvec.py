@@ -4,7 +4,7 @@ to a bf16 rounding, and the trained model gives the same answers."""
 import pytest
 import torch
 import torchtpu_rs
-from torchtpu_rs import checkpoints, prompting
+from torchtpu_rs import checkpoints, prompting, records
 from transformers import AutoTokenizer
 
 CTX = 256
@@ -15,15 +15,11 @@ def engine(folder, dtype="bfloat16", **kw):
     return torchtpu_rs.Engine(folder / "text", folder / "emb4", torch.zeros(1), CTX, dtype, **kw)
 
 
-def intel_cpu() -> bool:
-    with open("/proc/cpuinfo") as f:
-        return any(line.startswith("vendor_id") and line.rstrip().endswith("GenuineIntel") for line in f)
-
-
 def test_the_default_follows_this_cpu_and_bad_values_raise(tiny):
     # oneDNN's where it has a bf16 fast path on an Intel CPU; elsewhere ATen's (twice oneDNN's rate on an AMD EPYC,
     # and without the fast path oneDNN does not take a bf16 product at all)
-    onednn = intel_cpu() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    intel = records._cpuinfo("vendor_id") == "GenuineIntel"
+    onednn = intel and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert engine(tiny).matvec == ("onednn" if onednn else "aten")
     assert engine(tiny, matvec="aten").matvec == "aten"
     assert engine(tiny, matvec="onednn").matvec == "onednn"
