@@ -33,7 +33,8 @@ AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRU
 # it a third time; `make bench-avx512` records the peer comparison under it.
 AVX512_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
-	steps/03_model/tests/test_records.py steps/04_parity/tests/test_parity.py steps/07_int4/tests
+	steps/03_model/tests/test_records.py steps/03_model/tests/test_stream.py steps/04_parity/tests/test_parity.py \
+	steps/05_tpu/tests/test_baseline.py steps/07_int4/tests
 
 STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
 RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))

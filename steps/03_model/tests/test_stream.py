@@ -35,7 +35,13 @@ def test_decode_over_the_bucket_equals_decode_over_all_slots(tiny, dtype):
     tokens, logits = decoded(bucket, 70)
     tokens_all, logits_all = decoded(every, 70)
     assert tokens == tokens_all
-    assert torch.equal(logits, logits_all), "bit for bit"
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert torch.equal(logits, logits_all), "bit for bit"
+    else:
+        # without AVX-512 MKL's float32 product (attention's there) sums a row of more slots in another order, the
+        # extra ones masked to 0: a float32 rounding apart, which a bf16 logit carries as one last-bit step at most
+        bound = logits_all.abs().max().item() * (2 ** -7 if dtype == "bfloat16" else 1e-6)
+        assert (logits - logits_all).abs().max().item() <= bound
     assert bucket.generate(PROMPT, 70)[0] == every.generate(PROMPT, 70)[0] == tokens
 
 

@@ -170,8 +170,9 @@ PROMPT = [2, 17, 33, 101, 7, 250, 3, 88, 41, 12]  # 10 tokens; the tiny model's 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_decode_over_the_bucket_equals_decode_over_all_slots(tiny, dtype):
-    """Tokens, and each decode step's logits bit for bit, across the 16/32/64/128-slot bucket boundaries; and
-    the bf16 tokens equal the Rust engine's with its default (bucket) decode."""
+    """Tokens, and each decode step's logits bit for bit (a rounding apart without AVX-512), across the
+    16/32/64/128-slot bucket boundaries; and the bf16 tokens equal the Rust engine's with its default (bucket)
+    decode."""
     runs = {}
     for decode_slots in ("bucket", "all"):
         model = Baseline(tiny / "text", None, "cpu", CTX, dtype, decode_slots=decode_slots)
@@ -188,7 +189,13 @@ def test_decode_over_the_bucket_equals_decode_over_all_slots(tiny, dtype):
             logits.append(model.head(out).float())
         runs[decode_slots] = tokens, torch.cat(logits)
     assert runs["bucket"][0] == runs["all"][0]
-    assert torch.equal(runs["bucket"][1], runs["all"][1])
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert torch.equal(runs["bucket"][1], runs["all"][1])
+    else:
+        # without AVX-512 MKL's float32 product (attention's there) sums a row of more slots in another order, the
+        # extra ones masked to 0: a float32 rounding apart, which a bf16 logit carries as one last-bit step at most
+        bound = runs["all"][1].abs().max().item() * (2 ** -7 if dtype == "bfloat16" else 1e-6)
+        assert (runs["bucket"][1] - runs["all"][1]).abs().max().item() <= bound
     engine = torchtpu_rs.Engine(tiny / "text", None, torch.zeros(1), CTX, dtype)
     if dtype == "float32":
         assert engine.generate(PROMPT, 70)[0] == runs["bucket"][0]

@@ -388,7 +388,8 @@ class Baseline:
         `decode_step` yourself, pass compile=True too: it marks the caches for dynamo).
     decode_slots: what a decode step's full layers attend over: "bucket" (the slots up to its position rounded up
         to chunk × 2^k, as a prompt chunk's: one compiled program per bucket), "all" (all ctx slots: one program
-        at every position), or None: "all" on a TPU, else "bucket" (as the Rust Engine). Same bits either way.
+        at every position), or None: "all" on a TPU, else "bucket" (as the Rust Engine). Same bits either way
+        (without AVX-512 the logits a float32 rounding apart: MKL sums a row of more slots in another order).
     attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
         whose bf16 matmul has no fast path (`attention_dtype_default`). The caches are held in it.
     matvec: the kernel for an eager decode step's one-row linears on a CPU: "aten" (ATen's mat-vec, oneDNN off

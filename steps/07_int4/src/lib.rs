@@ -136,7 +136,8 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 /// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
 ///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
 ///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
-///     Both give the same tokens and logits, bit for bit.
+///     Both give the same tokens and logits, bit for bit (without AVX-512, where MKL's float32 product sums a row of
+///     more slots in another order, the logits a float32 rounding apart).
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
