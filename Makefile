@@ -32,9 +32,9 @@ AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRU
 # CPU with AVX512-BF16 and no AMX runs (dot4's prompt chunks by float32 panels). `make test` runs step 07's tests under
 # it a third time; `make bench-avx512` records the peer comparison under it.
 AVX512_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
-# The stand-in for an Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake) as far as oneDNN goes: torch
-# keeps its bf16 fast path, which oneDNN then emulates in float32, in sums that depend on a product's row count.
-# `make test` runs step 04's bf16 parity tests under it (step 07's kernels read the CPU's flags: not for them).
+# The stand-in for an Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): torch keeps its bf16 fast
+# path, which oneDNN then emulates in float32, in sums that depend on a product's row count; step 07 runs fma4, its
+# short prompts in 16 lanes (fma16). `make test` runs step 04's bf16 parity tests and step 07's tests under it.
 AVX512_NO_BF16_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
 	steps/03_model/tests/test_records.py steps/03_model/tests/test_stream.py steps/04_parity/tests/test_parity.py \
@@ -83,9 +83,10 @@ test: setup
 	@echo "== step 07's tests again with oneDNN kept from AMX: what an Intel CPU with AVX512-BF16 and no AMX runs"
 	$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
 	$(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests
-	@echo "== step 04's bf16 parity tests with oneDNN kept from bf16 instructions: an Intel CPU with AVX-512 and no"
-	@echo "   AVX512-BF16 (Skylake to Ice Lake), where oneDNN emulates bf16"
+	@echo "== step 04's bf16 parity tests and step 07's tests with oneDNN, and so step 07, kept from AVX512-BF16: an"
+	@echo "   Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): oneDNN emulates bf16, step 07 runs fma4"
 	$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/04_parity/tests/test_parity.py -k bfloat16
+	$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests
 	@echo "== step 07's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
 	tools/emulated-avx2.sh
 	mkdocs build --strict --site-dir site

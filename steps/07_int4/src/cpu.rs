@@ -4,8 +4,9 @@
 //! `ATEN_CPU_CAPABILITY=avx2` (ATen's dispatch) and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) runs what an AVX2-only
 //! CPU runs — the walkthrough's stand-in for the many CPUs without bf16 matrix hardware (`make bench-avx2`, and
 //! `make test`'s AVX2 tier). Likewise `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` alone keeps oneDNN, and so this step,
-//! from AMX: an AMX Xeon runs what an Intel CPU with AVX512-BF16 and no AMX runs (`make bench-avx512`). The CPU's
-//! own feature flags come first: no setting adds an instruction.
+//! from AMX: an AMX Xeon runs what an Intel CPU with AVX512-BF16 and no AMX runs (`make bench-avx512`); and
+//! `ONEDNN_MAX_CPU_ISA=AVX512_CORE` keeps them from AVX512-BF16 too: what an Intel CPU with AVX-512 and no
+//! AVX512-BF16 runs (Skylake to Ice Lake). The CPU's own feature flags come first: no setting adds an instruction.
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
@@ -43,11 +44,12 @@ pub fn aten_isa() -> Isa {
 }
 
 // --8<-- [start:choose]
-/// Whether `torchtpu_dot4_mm` runs: AVX-512 F and BW and AVX512-BF16's `vdpbf16ps`, with ATen allowed AVX-512.
+/// Whether `torchtpu_dot4_mm` runs: AVX-512 F and BW and AVX512-BF16's `vdpbf16ps`, with ATen allowed AVX-512 and
+/// oneDNN allowed AVX512-BF16 (the cap that keeps oneDNN from the CPU's bf16 instructions keeps this step's from them).
 pub fn dot4_runs() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_dot4_supported() };
-    flags && aten_isa() >= Isa::Avx512
+    flags && aten_isa() >= Isa::Avx512 && onednn_allows(OnednnIsa::Bf16)
 }
 
 /// Whether `torchtpu_fma4_mm` runs: AVX2, FMA and F16C, with ATen allowed AVX2.
@@ -62,7 +64,7 @@ pub fn fma4_runs() -> bool {
 pub fn panels_run() -> bool {
     // SAFETY: reads the CPU's feature flags, nothing else.
     let flags = unsafe { torchtpu_panels_supported() };
-    flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
+    flags && aten_isa() >= Isa::Avx512 && onednn_allows(OnednnIsa::Amx)
 }
 
 /// Whether dot4's products of a short prompt's rows go by AMX's tiles (`torchtpu_amx4_mm`): AMX's bf16 tiles with
@@ -71,7 +73,7 @@ pub fn panels_run() -> bool {
 pub fn amx4_runs() -> bool {
     // SAFETY: reads the CPU's feature flags and asks Linux once for the tiles' state; nothing else.
     let flags = unsafe { torchtpu_amx4_supported() };
-    flags && aten_isa() >= Isa::Avx512 && onednn_allows_amx()
+    flags && aten_isa() >= Isa::Avx512 && onednn_allows(OnednnIsa::Amx)
 }
 
 /// Whether `torchtpu_fma16_mm`, fma4's arithmetic in AVX-512's 16 lanes, can run here: AVX-512 F and BW, with ATen
@@ -104,13 +106,33 @@ pub fn dot4_float_panels_run() -> bool {
 }
 // --8<-- [end:choose]
 
-/// Whether oneDNN may use AMX in this process: `ONEDNN_MAX_CPU_ISA` (or its older name `DNNL_MAX_CPU_ISA`), which
-/// oneDNN reads once, unset, `ALL`, or one of its ISA names with AMX in it (`AVX512_CORE_AMX`, `AVX10_1_512_AMX`,
-/// ...); capped below (`AVX512_CORE_BF16`, `AVX2`, ...) it multiplies bf16 without AMX, and so does this step.
-fn onednn_allows_amx() -> bool {
+/// The bf16 instructions `ONEDNN_MAX_CPU_ISA` can keep oneDNN, and so this step, from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnednnIsa {
+    /// AVX512-BF16's `vdpbf16ps` (oneDNN's `AVX512_CORE_BF16` and every ISA above it)
+    Bf16,
+    /// AMX's tiles (`AVX512_CORE_AMX`, `AVX10_1_512_AMX`, ...)
+    Amx,
+}
+
+/// Whether oneDNN may use `isa` in this process by its cap, `ONEDNN_MAX_CPU_ISA` (or its older name
+/// `DNNL_MAX_CPU_ISA`), which oneDNN reads once: unset or `ALL` allows both.
+fn onednn_allows(isa: OnednnIsa) -> bool {
     let cap = std::env::var("ONEDNN_MAX_CPU_ISA").or_else(|_| std::env::var("DNNL_MAX_CPU_ISA"));
-    let cap = cap.unwrap_or_default().to_ascii_uppercase();
-    cap.is_empty() || cap == "ALL" || cap.contains("AMX")
+    cap_allows(&cap.unwrap_or_default(), isa)
+}
+
+/// Whether a cap (one of oneDNN's ISA names) allows `isa`. oneDNN's names above `AVX512_CORE_BF16` all name what
+/// they add to it (`AVX512_CORE_FP16`, `AVX512_CORE_AMX`, `AVX10_1_512`, ...); those below (`AVX512_CORE_VNNI`,
+/// `AVX512_CORE`, `AVX2_VNNI_2`, `AVX2`, ...) have no bf16 dot product: oneDNN emulates bf16 there, in float32.
+fn cap_allows(cap: &str, isa: OnednnIsa) -> bool {
+    let cap = cap.to_ascii_uppercase();
+    let below_bf16 = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"];
+    match isa {
+        _ if cap.is_empty() || cap == "ALL" => true,
+        OnednnIsa::Bf16 => !below_bf16.contains(&cap.as_str()),
+        OnednnIsa::Amx => cap.contains("AMX"),
+    }
 }
 
 /// Whether `torchtpu_attend_one` runs: AVX2 and FMA, with ATen allowed AVX2 (as fma4).
@@ -157,6 +179,19 @@ mod tests {
             }
             Ok(other) => panic!("TORCHTPU_EXPECT_ISA={other:?}: only \"avx2\" is known"),
             Err(_) => eprintln!("no expectation set (TORCHTPU_EXPECT_ISA)"),
+        }
+    }
+
+    #[test]
+    fn onednns_cap_names_what_it_keeps_from_this_step() {
+        for cap in ["", "all", "ALL", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16"] {
+            assert!(cap_allows(cap, OnednnIsa::Bf16) && cap_allows(cap, OnednnIsa::Amx), "{cap}");
+        }
+        for cap in ["AVX512_CORE_BF16", "avx512_core_bf16", "AVX512_CORE_FP16", "AVX10_1_512"] {
+            assert!(cap_allows(cap, OnednnIsa::Bf16) && !cap_allows(cap, OnednnIsa::Amx), "{cap}");
+        }
+        for cap in ["AVX512_CORE", "AVX512_CORE_VNNI", "AVX2_VNNI_2", "AVX2", "SSE41"] {
+            assert!(!cap_allows(cap, OnednnIsa::Bf16) && !cap_allows(cap, OnednnIsa::Amx), "{cap}");
         }
     }
 }

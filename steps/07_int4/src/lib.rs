@@ -289,7 +289,8 @@ fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
 /// dot4_runs() -> bool
 ///
 /// Whether torchtpu_dot4_mm, this step's int4 kernel for AVX512-BF16, runs in this process: the CPU has AVX-512 F
-/// and BW and AVX512-BF16, and ATen may use AVX-512 (not under ATEN_CPU_CAPABILITY=avx2).
+/// and BW and AVX512-BF16, ATen may use AVX-512 (not under ATEN_CPU_CAPABILITY=avx2) and oneDNN AVX512-BF16 (not
+/// under ONEDNN_MAX_CPU_ISA=AVX512_CORE, which stands in for a CPU with AVX-512 and no AVX512-BF16).
 #[pyfunction]
 fn dot4_runs() -> bool {
     Kernel::Dot4.runs()

@@ -19,9 +19,10 @@ def tiny_multimodal() -> Path:
 
 
 # This step's own kernels, and why one does not run here: dot4 needs AVX512-BF16, fma4 AVX2, FMA and F16C, each with
-# ATen allowed that ISA (under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, only fma4 runs).
+# ATen allowed that ISA (under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, only fma4 runs) and dot4 oneDNN
+# allowed AVX512-BF16 (under ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on Skylake to Ice Lake, fma4 and fma16 run).
 OWN = [pytest.param("dot4", marks=pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason=(
-           "torchtpu_dot4_mm does not run here (no AVX512-BF16, or ATen kept to AVX2)"))),
+           "torchtpu_dot4_mm does not run here (no AVX512-BF16, or ATen kept to AVX2, or oneDNN from AVX512-BF16)"))),
        pytest.param("fma4", marks=pytest.mark.skipif(not torchtpu_int4.fma4_runs(), reason=(
            "torchtpu_fma4_mm does not run here (no AVX2, FMA and F16C)")))]
 

@@ -318,7 +318,8 @@ def test_bad_decode_attention_is_named(tiny):
         torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", decode_attention="own")
 
 
-@pytest.mark.skipif(not torchtpu_int4.panels_run(), reason="panels do not run here (no AMX, or ATen kept to AVX2)")
+@pytest.mark.skipif(not torchtpu_int4.panels_run(),
+                    reason="panels do not run here (no AMX, or ATen kept to AVX2, or oneDNN from AMX)")
 def test_prompt_chunks_of_128_rows_or_more_go_by_panels_as_the_bf16_path_reads_them(tiny, tmp_path, kl):
     """The tiny model reads prompts in chunks of its window, 16 tokens: never enough rows for the panels. A copy
     with a window of 128 reads LONG (256 ids) in two chunks of 128 rows, every linear of them by panels, whose

@@ -164,7 +164,8 @@ def repack(
     """A checkpoint's packed matrix in the int4 kernel's layout, as the Engine makes it: uint8 [rows, cols / 2]
     and [cols / group, rows, 2] (scale, 0) in `dtype`."""
 def dot4_runs() -> bool:
-    """Whether this CPU has AVX-512 F and BW and AVX512-BF16, what torchtpu_dot4_mm needs."""
+    """Whether torchtpu_dot4_mm runs in this process: the CPU has AVX-512 F and BW and AVX512-BF16, ATen may use
+    AVX-512 and oneDNN AVX512-BF16 (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE, the stand-in for Skylake to Ice Lake)."""
 def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
 def amx4_runs() -> bool:
