@@ -108,7 +108,7 @@ pub fn dot4_float_panels_run() -> bool {
 
 /// The bf16 instructions `ONEDNN_MAX_CPU_ISA` can keep oneDNN, and so this step, from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnednnIsa {
+enum OnednnIsa {
     /// AVX512-BF16's `vdpbf16ps` (oneDNN's `AVX512_CORE_BF16` and every ISA above it)
     Bf16,
     /// AMX's tiles (`AVX512_CORE_AMX`, `AVX10_1_512_AMX`, ...)
