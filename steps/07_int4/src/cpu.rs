@@ -127,9 +127,11 @@ fn onednn_allows(isa: OnednnIsa) -> bool {
 /// `AVX512_CORE`, `AVX2_VNNI_2`, `AVX2`, ...) have no bf16 dot product: oneDNN emulates bf16 there, in float32.
 fn cap_allows(cap: &str, isa: OnednnIsa) -> bool {
     let cap = cap.to_ascii_uppercase();
+    if cap.is_empty() || cap == "ALL" {
+        return true;
+    }
     let below_bf16 = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"];
     match isa {
-        _ if cap.is_empty() || cap == "ALL" => true,
         OnednnIsa::Bf16 => !below_bf16.contains(&cap.as_str()),
         OnednnIsa::Amx => cap.contains("AMX"),
     }
