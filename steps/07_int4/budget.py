@@ -25,7 +25,6 @@ from transformers import AutoTokenizer
 PROMPT = "Here is a short story about a man who made his own home by the water ."
 
 
-# --8<-- [start:rounds]
 def rounds(engine, ids: list[int], steps: int, repeat: int) -> tuple[list[dict], list[float]]:
     """`repeat` budgets of `steps` decode steps, and as many untimed generates of the same steps (seconds a step)."""
     budgets, untimed = [], []
@@ -37,7 +36,6 @@ def rounds(engine, ids: list[int], steps: int, repeat: int) -> tuple[list[dict],
             raise RuntimeError(f"decode_budget made {budget['tokens']}, generate {tokens}")
         budgets.append(budget)
     return budgets, untimed
-# --8<-- [end:rounds]
 
 
 def read_rounds(engine, ids: list[int], repeat: int) -> tuple[list[dict], list[float]]:

@@ -138,7 +138,7 @@ fn intel_cpu() -> bool {
 ///     switched off for the call), "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an
 ///     occasional last bf16 bit, its sums being added in another order), or None: "onednn" on an Intel CPU whose
 ///     bf16 matmul has a fast path, else "aten". Which streams a matrix from memory faster depends on the CPU (step
-///     05's bench times both): ATen's twice oneDNN's on an AMD EPYC with AVX-512, oneDNN's 1.1-1.7 times ATen's on
+///     05's bench times both): ATen's twice oneDNN's on an AMD EPYC with AVX-512, oneDNN's 1.1-1.8 times ATen's on
 ///     the Intel Xeons measured. Prompt chunks and attention use oneDNN either way.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
@@ -620,7 +620,8 @@ fn checked_stop(stop: Option<&Bound<'_, PyAny>>, cfg: &TextConfig) -> PyResult<V
 }
 
 fn check_max_new(max_new: i64, n: i64, ctx: i64) -> PyResult<()> {
-    if max_new < 0 || n + max_new > ctx {
+    // `max_new > ctx - n`, not `n + max_new > ctx`: a max_new near 2^63 would wrap the sum past the check
+    if max_new < 0 || max_new > ctx - n {
         return Err(PyValueError::new_err(format!(
             "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
         )));

@@ -80,6 +80,8 @@ CALL_CASES = [
     ("empty prompt", "E(M).generate([], 4)", "ValueError", "the prompt is empty"),
     ("prompt plus max_new over ctx", "E(M).generate([2] * 60, 5)", "ValueError", "len(ids) + max_new <= ctx"),
     ("negative max_new", "E(M).generate([2], -1)", "ValueError", "max_new=-1"),
+    # a sum with len(ids) that wraps past 2^63 would pass a check written as one, and generate would never end
+    ("max_new at i64's top", "E(M).generate([2], 2**63 - 1)", "ValueError", "len(ids) + max_new <= ctx"),
     ("read_every zero", "E(M).generate([2], 4, read_every=0)", "ValueError", "read_every=0"),
     ("stop not a collection", "E(M).generate([2], 4, stop=1)", "TypeError", "stop: expected a list, tuple or set"),
     ("stop not ints", "E(M).generate([2], 4, stop=['x'])", "TypeError", "stop: expected ints, got str 'x'"),

@@ -150,6 +150,7 @@ def test_the_draws_follow_the_filtered_distribution(kw):
     (dict(stop=5), TypeError, "stop"),
     (dict(max_new=-1), ValueError, "max_new=-1"),
     (dict(max_new=CTX), ValueError, "max_new"),
+    (dict(max_new=2**63 - 1), ValueError, "max_new"),
 ])
 def test_bad_arguments_raise_naming_the_argument(tiny, kw, error, words):
     e = engine(tiny, "float32")

@@ -99,7 +99,7 @@ __attribute__((target("avx2,fma"))) inline __m256 through_bf16(__m256 v) {
 
 // The slots a query sees: `lanes[s]` all ones where slot s is seen, zeros where it is masked and for 8 slots past
 // the last, and the span [lo, hi) that holds them. A decode step sees a run of its bucket's slots (the bucket is
-// 512 slots for a short context), so every loop runs over the span alone, and nothing is fetched for a slot that
+// 64 slots for a short context), so every loop runs over the span alone, and nothing is fetched for a slot that
 // is not seen.
 struct Seen {
   std::vector<int32_t> lanes;

@@ -1,8 +1,8 @@
 // How this step's matrix kernels (dot4.cpp, fma4.cpp, amx4.cpp) share a product's blocks between threads and write
 // them: each thread takes whole blocks of 16 rows of W, and every ROWS rows of x for a block (4 for the vector kernels,
-// 32 for AMX's tiles) before the next block, so a prompt chunk reads each weight from memory once; the outputs go to y
-// as they are, or through the gelu on their way out (gelu.h: tanh.cpp's bits). Each output is computed by one thread in
-// one order, so the split changes no bit.
+// 8 for fma16, 32 for AMX's tiles) before the next block, so a prompt chunk reads each weight from memory once; the
+// outputs go to y as they are, or through the gelu on their way out (gelu.h: tanh.cpp's bits). Each output is computed
+// by one thread in one order, so the split changes no bit.
 #pragma once
 
 #include "gelu.h"

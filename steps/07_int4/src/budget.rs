@@ -31,8 +31,8 @@ pub enum Part {
     /// The RMS norms, each in one call with what follows it: the rotary embedding of q and k, a branch's residual add,
     /// the layer scalar.
     Norms,
-    /// `gelu_tanh(gate) · up` in a call of its own: the per-layer input's, and the feed-forward block's where the
-    /// gate/up product does not compute it on its way out (dot4.rs' `gelu_of_halves`; then it is gate/up's time).
+    /// `gelu_tanh(gate) · up` in a call of its own, where the product before it does not compute it on its way out
+    /// (on this step's kernels it does: then it is gate/up's time, and the per-layer input gate's).
     Gelu,
     /// Picking the next token (argmax of the logits) and the step's own bookkeeping.
     Sampling,

@@ -10,5 +10,6 @@ extern "C" int torchtpu_aten_capability() {
   return isa == "AVX512" ? 2 : isa == "AVX2" ? 1 : 0;
 }
 
-// Whether the CPU is an Intel one (cpu.rs: dot4's prompt chunks by float32 panels there when AMX does not run).
+// Whether the CPU is an Intel one (cpu.rs: where fma16 runs, dot4's prompt chunks go by float32 panels when AMX does
+// not, and decode's dense mat-vecs go on oneDNN's).
 extern "C" bool torchtpu_intel() { return __builtin_cpu_is("intel"); }

@@ -18,6 +18,7 @@ extern "C" {
     fn torchtpu_fma4_supported() -> bool;
     fn torchtpu_fma16_supported() -> bool;
     fn torchtpu_attend_supported() -> bool; // attend.cpp
+    fn torchtpu_tanh_supported() -> bool; // tanh.cpp
     fn torchtpu_panels_supported() -> bool; // panels.cpp
     fn torchtpu_amx4_supported() -> bool; // amx4.cpp, with Linux's leave to use AMX's tiles
     fn torchtpu_intel() -> bool; // cpu.cpp
@@ -144,6 +145,14 @@ pub fn attend_runs() -> bool {
     flags && aten_isa() >= Isa::Avx2
 }
 
+/// Whether tanh.cpp's gelu and softcap run: AVX2 and FMA, with ATen allowed AVX2 (the Sleef tanh of ATen's AVX2 or
+/// AVX-512 loop, whichever ATen dispatches to).
+pub fn tanh_runs() -> bool {
+    // SAFETY: reads the CPU's feature flags, nothing else.
+    let flags = unsafe { torchtpu_tanh_supported() };
+    flags && aten_isa() >= Isa::Avx2
+}
+
 /// Whether torch's bf16 matmul has a fast path here: oneDNN finds AVX-512 or AMX (its effective ISA, which
 /// `ONEDNN_MAX_CPU_ISA` caps): `torch.ops.mkldnn._is_mkldnn_bf16_supported()`. Where it has none (AVX2 only),
 /// float32 attention is several times faster than bf16.
@@ -153,7 +162,7 @@ pub fn fast_bf16_matmul(py: Python<'_>) -> PyResult<bool> {
 }
 
 /// Whether a decode step's dense one-row linears go faster on oneDNN's mat-vec than on ATen's: on an Intel CPU where
-/// torch's bf16 matmul has oneDNN's fast path (streamed from memory, oneDNN's at 1.1-1.7 times ATen's on the Intel
+/// torch's bf16 matmul has oneDNN's fast path (streamed from memory, oneDNN's at 1.1-1.8 times ATen's on the Intel
 /// Xeons measured; ATen's twice oneDNN's on an AMD EPYC, and without the fast path oneDNN takes no bf16 product).
 pub fn onednn_matvec_faster(py: Python<'_>) -> PyResult<bool> {
     // SAFETY: reads the CPU's vendor, nothing else.

@@ -1,6 +1,6 @@
 //! This step's own int4 matmuls, on one layout: `torchtpu_dot4_mm` for CPUs with AVX512-BF16 (an Intel Xeon with
-//! AMX; an AMD EPYC Zen 4), src/dot4.cpp, whose header draws the layout; and `torchtpu_fma4_mm` for CPUs with AVX2
-//! and FMA (every other x86-64 of the last ten years, and any CPU kept to AVX2), src/fma4.cpp. cpu.rs says which
+//! AMX; an AMD EPYC Zen 4), src/dot4.cpp, whose header draws the layout; and `torchtpu_fma4_mm` for CPUs with AVX2,
+//! FMA and F16C (every other x86-64 of the last ten years, and any CPU kept to AVX2), src/fma4.cpp. cpu.rs says which
 //! runs here.
 //!
 //! Why a kernel of our own: ATen's (int4.rs) spends more instructions per weight than memory takes to deliver it
@@ -102,7 +102,7 @@ extern "C" {
 /// 1536] took 0.64 / 0.82-0.86 / 1.10 ms by dot4 at 3 / 4 / 5 rows and 0.60 / 0.60 by the tiles at 4 / 5; [2048 ×
 /// 1536] 0.10-0.11 / 0.14 / 0.18 and 0.11 / 0.11; [1536 × 6144] 0.35-0.37 / 0.43-0.46 / 0.56 and 0.39-0.40 / 0.38-0.41
 /// (at 1 row 0.29, 0.05 and 0.14 ms either way: dot4's, memory's pace).
-pub const TILE_MIN_ROWS: i64 = 4;
+pub const AMX4_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`,
 /// fma4.cpp) where it is the way (`cpu::fma16_runs`): a prompt's, never a decode step's. On an Intel Xeon kept from
 /// AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`), 2 threads, best of 7 (2026-12-06), E2B's [12288 × 1536] took 0.27 /
@@ -115,7 +115,7 @@ pub const TILE_MIN_ROWS: i64 = 4;
 /// streams its weights from memory, and fma4's row stays its own, not measured streamed against fma16.)
 pub const FMA16_MIN_ROWS: i64 = 4;
 /// From how many activation rows products go by bf16 panels (`Panels::Bf16`, dot4's where AMX runs): a prompt chunk's
-/// product, never a decode step's. Below it AMX's tiles take them (`TILE_MIN_ROWS`), which need no unpacked panel: on
+/// product, never a decode step's. Below it AMX's tiles take them (`AMX4_MIN_ROWS`), which need no unpacked panel: on
 /// an Intel Xeon with AMX, 2 threads, best of 9 (2026-12-06, a busy hour), E2B's [12288 × 1536] took 0.74 / 1.0-1.24 /
 /// 1.27 / 4.18 / 5.06-5.56 / 7.0 ms by the tiles at 16 / 19 / 32 / 96 / 128 / 160 rows and 4.15 / 3.96-4.22 / 4.62 /
 /// 5.50 / 5.50-5.99 / 7.51 by panels (dot4 4.0 at 19, 26.4 at 128); [2048 × 1536] 0.13 / 0.18-0.23 / 0.20 / 0.67 /
@@ -141,7 +141,7 @@ pub enum Kernel {
     Fma4,
 }
 
-/// What a prompt chunk's product is unpacked to, a panel of rows at a time, and multiplied by (`Dot4Linear::by_panels`).
+/// What a prompt chunk's product is unpacked to, a panel of rows at a time, and multiplied by (`OwnLinear::by_panels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Panels {
     /// bf16 weights (rounded once: step 03's) and torch's bf16 matmul, which oneDNN runs on AMX.
@@ -176,7 +176,7 @@ impl Kernel {
     /// (AMX's tiles); either kernel's on an Intel CPU with AVX-512 and no AMX (fma4's arithmetic in 16 lanes).
     pub fn prompt(self) -> Option<Prompt> {
         match self {
-            Kernel::Dot4 if cpu::amx4_runs() => Some(Prompt::Tiles),
+            Kernel::Dot4 if cpu::amx4_runs() => Some(Prompt::Amx4),
             _ if cpu::fma16_runs() => Some(Prompt::Fma16),
             _ => None,
         }
@@ -221,7 +221,7 @@ impl Kernel {
 pub enum Prompt {
     /// AMX's tiles (`torchtpu_amx4_mm`, amx4.cpp): dot4's words made into the tile's operand, 16 × 16 × 32 products
     /// an instruction.
-    Tiles,
+    Amx4,
     /// fma4's arithmetic in AVX-512's 16 lanes (`torchtpu_fma16_mm`, fma4.cpp): float32 FMAs, where an Intel core
     /// issues two a cycle and one `vdpbf16ps` every two, in twice fma4's lanes.
     Fma16,
@@ -230,7 +230,7 @@ pub enum Prompt {
 impl Prompt {
     pub fn symbol(self) -> &'static str {
         match self {
-            Prompt::Tiles => "torchtpu_amx4_mm",
+            Prompt::Amx4 => "torchtpu_amx4_mm",
             Prompt::Fma16 => "torchtpu_fma16_mm",
         }
     }
@@ -238,7 +238,7 @@ impl Prompt {
     /// From how many activation rows a product goes by it.
     pub fn min_rows(self) -> i64 {
         match self {
-            Prompt::Tiles => TILE_MIN_ROWS,
+            Prompt::Amx4 => AMX4_MIN_ROWS,
             Prompt::Fma16 => FMA16_MIN_ROWS,
         }
     }
@@ -246,14 +246,14 @@ impl Prompt {
     /// How `weights_reason` says it.
     pub fn described(self) -> &'static str {
         match self {
-            Prompt::Tiles => "AMX's tiles",
+            Prompt::Amx4 => "AMX's tiles",
             Prompt::Fma16 => "fma4's arithmetic in AVX-512's 16 lanes",
         }
     }
 
     fn multiply(self) -> Multiply {
         match self {
-            Prompt::Tiles => torchtpu_amx4_mm,
+            Prompt::Amx4 => torchtpu_amx4_mm,
             Prompt::Fma16 => torchtpu_fma16_mm,
         }
     }
@@ -268,7 +268,7 @@ fn bit(j: i64) -> i64 {
 // --8<-- [start:dot4]
 /// A linear layer kept 4-bit for one of this step's kernels: `y = x · Wᵀ`, `W[n, k] = (nibble - 8) · scale[n, k /
 /// group]`. It takes the shapes ATen's kernel takes (`packed::refuses`), so every kernel loads the same checkpoints.
-pub struct Dot4Linear {
+pub struct OwnLinear {
     /// int32 `[out / 16, in / 8, 16]`: for each block of 16 output rows, the rows' words side by side, column
     /// octet after octet, so a block's weights are one stream.
     words: Tensor,
@@ -287,7 +287,7 @@ pub struct Dot4Linear {
     _pages: Arc<MmapMut>,
 }
 
-/// How `Dot4Linear::new` lays several matrices of one input in one linear.
+/// How `OwnLinear::new` lays several matrices of one input in one linear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stacking {
     /// Row after row: `forward` gives each matrix's outputs where its rows are (q, k and v; one matrix alone).
@@ -307,7 +307,7 @@ enum Out<'a> {
     GeluTimes(&'a Tensor),
 }
 
-impl Dot4Linear {
+impl OwnLinear {
     /// Re-lays the checkpoint's matrices `parts` (one, or several stacked as `stacking` says: one product of one
     /// input instead of several) for the kernel, in memory taken from `arena`, `REPACK_ROWS` rows at a time (a whole
     /// head's int32 nibbles would be 1.6 GB): the same nibbles, moved within each word and gathered into blocks of
@@ -318,7 +318,7 @@ impl Dot4Linear {
         stacking: Stacking,
         kernel: Kernel,
         arena: &mut Arena,
-    ) -> Result<Dot4Linear> {
+    ) -> Result<OwnLinear> {
         let first = parts.first().ok_or_else(|| invalid!("{name}: no matrix to hold"))?;
         if stacking == Stacking::Pairs && (parts.len() != 2 || parts[1].out_rows() != first.out_rows()) {
             let heights = parts.iter().map(|w| w.out_rows()).collect::<Vec<_>>();
@@ -375,7 +375,7 @@ impl Dot4Linear {
         }
         let bytes = [&words, &scales].iter().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum();
         let (panels, prompt) = (kernel.panels(), kernel.prompt());
-        Ok(Dot4Linear { words, scales, group, kernel, panels, prompt, stacking, bytes, _pages: pages })
+        Ok(OwnLinear { words, scales, group, kernel, panels, prompt, stacking, bytes, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -591,22 +591,22 @@ mod tests {
         }
     }
 
-    /// Matrices held for `way`, as `Dot4Linear::new` holds them for its kernel, with `way`'s prompt products.
+    /// Matrices held for `way`, as `OwnLinear::new` holds them for its kernel, with `way`'s prompt products.
     fn held(
         name: &str,
         parts: &[&Packed],
         stacking: Stacking,
         way: impl Into<Way>,
         arena: &mut Arena,
-    ) -> Result<Dot4Linear> {
+    ) -> Result<OwnLinear> {
         let way = way.into();
-        let mut linear = Dot4Linear::new(name, parts, stacking, way.kernel, arena)?;
+        let mut linear = OwnLinear::new(name, parts, stacking, way.kernel, arena)?;
         linear.prompt = way.prompt;
         Ok(linear)
     }
 
     /// One matrix held for `way`, in an arena of its own.
-    fn alone(name: &str, w: &Packed, way: impl Into<Way>) -> Result<Dot4Linear> {
+    fn alone(name: &str, w: &Packed, way: impl Into<Way>) -> Result<OwnLinear> {
         held(name, &[w], Stacking::Rows, way, &mut Arena::new())
     }
 
@@ -620,7 +620,7 @@ mod tests {
             here.push(Way { kernel, prompt: Some(Prompt::Fma16) });
         }
         if Kernel::Dot4.runs() && cpu::amx4_runs() {
-            here.push(Way { kernel: Kernel::Dot4, prompt: Some(Prompt::Tiles) });
+            here.push(Way { kernel: Kernel::Dot4, prompt: Some(Prompt::Amx4) });
         }
         here
     }
@@ -645,7 +645,7 @@ mod tests {
         (&a - &b).abs().le_tensor(&(b.abs() / 128.0 + 1e-30)).all().int64_value(&[]) == 1
     }
 
-    /// The row counts the tests multiply by: a decode step's; a few (dot4's own below `TILE_MIN_ROWS`, AMX's tiles
+    /// The row counts the tests multiply by: a decode step's; a few (dot4's own below `AMX4_MIN_ROWS`, AMX's tiles
     /// from it where they run); a short prompt's, in one tile of 32 rows and in two and a remainder; and a chunk that
     /// goes by panels where they run.
     fn row_counts(kernel: Kernel) -> [i64; 5] {
@@ -705,7 +705,7 @@ mod tests {
     }
 
     /// `linear`'s product of x against the float64 reference: shape, and every output within reach.
-    fn check_within(linear: &Dot4Linear, w: &Packed, x: &Tensor, what: &str) -> Tensor {
+    fn check_within(linear: &OwnLinear, w: &Packed, x: &Tensor, what: &str) -> Tensor {
         let y = linear.forward(x).unwrap();
         assert_eq!(y.size(), [x.size()[0], w.out_rows()], "{what}");
         let (off, within) = steps_off(&y, x, w);
@@ -715,7 +715,7 @@ mod tests {
 
     /// The same, and 99% of the outputs exactly rounded: for products with thousands of outputs, where a few
     /// near-cancelling ones (a float32 rounding of dot4's large group sums) cannot tip the share.
-    fn check(linear: &Dot4Linear, w: &Packed, x: &Tensor, what: &str) {
+    fn check(linear: &OwnLinear, w: &Packed, x: &Tensor, what: &str) {
         let off = check_within(linear, w, x, what);
         let missed = off.gt(0.5 + 1e-6).sum(Kind::Int64).int64_value(&[]);
         assert!(

@@ -22,7 +22,7 @@ use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
 use crate::norm::{self, After};
 use crate::onednn::one_row_in_aten;
-use crate::packed::Packed;
+use crate::packed::{refuses, Packed};
 use crate::sampling::greedy;
 use crate::tanh;
 use crate::weights::{Checkpoint, MappedTable};
@@ -81,12 +81,22 @@ impl Table {
         }
     }
 
-    /// The whole table as an output head tied to the embeddings: a packed table kept 4-bit when `held` says so
-    /// (and the kernel takes its shape), else a `dtype` matrix.
+    /// The whole table as an output head tied to the embeddings: a packed table kept 4-bit when `held` says so,
+    /// else a `dtype` matrix — also with `weights="auto"` when the kernels cannot take its shape, as
+    /// `Checkpoint::held_linear` does for a linear.
     fn head(&self, held: &Held, like: &Tensor) -> Result<Linear> {
+        const NAME: &str = "the tied head (embed_tokens)";
         Ok(match self {
             Table::Dense(t) => Linear::Dense(t.f_to_kind(held.dtype)?), // no copy when the dtypes already agree
-            Table::Packed(p) if held.weights == Weights::Int4 => held.int4("the tied head (embed_tokens)", p, like)?,
+            Table::Packed(p) if held.weights == Weights::Int4 => {
+                match refuses(p.out_rows(), p.cols(), p.cols() / p.groups()) {
+                    Some(_) if held.fallback => {
+                        held.kept_dense.borrow_mut().push(NAME.to_string());
+                        Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?)
+                    }
+                    _ => held.int4(NAME, p, like)?,
+                }
+            }
             Table::Packed(p) => Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?),
             // only the per-layer table is left in the file, and it is never a head: an error, should that change
             Table::Mapped(_) => return Err(invalid!("a table left in the file cannot be the tied head")),
@@ -474,7 +484,7 @@ impl PerLayerInput {
     fn forward(&self, x: &Tensor, input: &Tensor) -> Result<Tensor> {
         let mixed = match &self.gate {
             // on this step's kernels the gelu on the gate's way out, where its bits are ATen's (as Mlp's)
-            Linear::Dot4(gate) if tanh::whole_steps(gate.out_rows()) => {
+            Linear::Own(gate) if tanh::whole_steps(gate.out_rows()) => {
                 timed(Part::PerLayerInput, gate.bytes(), || gate.gelu_times(x, input))?
             }
             gate => gelu_times(&linear(Part::PerLayerInput, x, gate)?, input)?,
@@ -805,7 +815,7 @@ pub struct Gemma {
     /// With `weights="auto"`: the packed matrices the int4 kernel could not take, held dense instead.
     pub kept_dense: Vec<String>,
     /// Whether a decode step's dense linears run on ATen's mat-vec (the default) or on oneDNN's, as
-    /// Transformers' do (see onednn.rs). The int4 kernel is ATen's either way.
+    /// Transformers' do (see onednn.rs). The 4-bit linears run on `matmul`'s kernel either way.
     pub matvec_in_aten: bool,
 }
 
@@ -1059,7 +1069,6 @@ impl Gemma {
     }
     // --8<-- [end:generate]
 
-    // --8<-- [start:budget]
     /// Reads `ids`, then makes `steps` greedy decode steps as `generate` does (reading each token back to the host)
     /// with a budget taken (budget.rs): the tokens (the first from the read), and what each part of those steps
     /// took and read, summed over them.
@@ -1101,7 +1110,6 @@ impl Gemma {
         });
         Ok((token?, budget))
     }
-    // --8<-- [end:budget]
 
     // --8<-- [start:prefill]
     /// Reads the prompt `ids` into a fresh cache; returns the logits `[1, vocab]` after its last token.

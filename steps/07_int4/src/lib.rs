@@ -1,6 +1,6 @@
 //! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit for an int4
-//! kernel — this step's own on a CPU with AVX512-BF16, else ATen's (`weights="int4"`) — or dequantized at load as
-//! in step 03 (`weights="bf16"`).
+//! kernel — this step's own on a CPU with AVX512-BF16 (dot4) or with AVX2, FMA and F16C (fma4), else ATen's
+//! (`weights="int4"`) — or dequantized at load as in step 03 (`weights="bf16"`).
 //!
 //! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
@@ -134,8 +134,9 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 /// dtype: "bfloat16" or "float32", the precision of the arithmetic.
 /// progress: None, or a callable(done, total) called while layers load.
 /// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
-///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
-///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
+///     rounded up to 64 × 2^k as a prompt chunk's, or chunk × 2^k for a chunk under 64: a few shapes, no work on
+///     empty slots), "all" (all ctx slots: one shape, one compiled program at every position), or None: "all" on a
+///     TPU, else "bucket".
 ///     Both give the same tokens and logits, bit for bit (without AVX-512, where MKL's float32 product sums a row of
 ///     more slots in another order, the logits a float32 rounding apart).
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
@@ -351,13 +352,15 @@ fn fma4_runs() -> bool {
 /// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
 fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<packed::Packed> {
     let (packed, scale) = (take(packed, "weight_packed")?, take(scale, "weight_scale")?);
-    let rows = packed.size().first().copied().unwrap_or(0);
-    if packed.kind() != Kind::Int || packed.size() != [rows, (cols + 7) / 8] {
+    if cols < 1 {
+        return Err(PyValueError::new_err(format!("cols={cols}: need 1 <= cols")));
+    }
+    let (rows, words) = (packed.size().first().copied().unwrap_or(0), (cols - 1) / 8 + 1); // ceil(cols / 8)
+    if packed.kind() != Kind::Int || packed.size() != [rows, words] {
         return Err(PyValueError::new_err(format!(
-            "weight_packed: {:?} {:?}, need int32 [rows, ceil(cols / 8)] = [{rows}, {}]",
+            "weight_packed: {:?} {:?}, need int32 [rows, ceil(cols / 8)] = [{rows}, {words}]",
             packed.kind(),
             packed.size(),
-            (cols + 7) / 8
         )));
     }
     let groups = scale.size().get(1).copied().unwrap_or(0);
@@ -449,8 +452,8 @@ impl PyInt4Linear {
     #[getter]
     fn matmul(&self) -> PyResult<&'static str> {
         Ok(match &*self.held()? {
-            linear::Linear::Dot4(w) if w.kernel() == Kernel::Dot4 => "dot4",
-            linear::Linear::Dot4(_) => "fma4",
+            linear::Linear::Own(w) if w.kernel() == Kernel::Dot4 => "dot4",
+            linear::Linear::Own(_) => "fma4",
             _ => "aten",
         })
     }
@@ -631,7 +634,7 @@ impl Engine {
         let mut state = self.state()?;
         let ctx = state.cache.ctx;
         check_ids(&ids, &state.model.cfg, ctx)?;
-        if steps < 1 || ids.len() as i64 + steps > ctx {
+        if steps < 1 || steps > ctx - ids.len() as i64 {
             return Err(PyValueError::new_err(format!(
                 "decode_budget(steps={steps}): need 1 <= steps and len(ids) + steps <= ctx ({} + {steps}, ctx {ctx})",
                 ids.len()
@@ -1026,7 +1029,8 @@ fn checked_stop(stop: Option<&Bound<'_, PyAny>>, cfg: &TextConfig) -> PyResult<V
 }
 
 fn check_max_new(max_new: i64, n: i64, ctx: i64) -> PyResult<()> {
-    if max_new < 0 || n + max_new > ctx {
+    // `max_new > ctx - n`, not `n + max_new > ctx`: a max_new near 2^63 would wrap the sum past the check
+    if max_new < 0 || max_new > ctx - n {
         return Err(PyValueError::new_err(format!(
             "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
         )));
@@ -1156,8 +1160,9 @@ fn filtered_probs<'py>(
     give(py, &sampling.probabilities(&logits)?)
 }
 
-/// The Rust half of torchtpu_int4: `Engine`, `layout_for`, `int4_kernel`, `dot4_runs`, `fma4_runs`, `panels_run`,
-/// `dot4_float_panels_run`, `repack`, `Int4Linear`, and the versions it was built with.
+/// The Rust half of torchtpu_int4: `Engine` (and its `TokenStream`), `sample`, `filtered_probs`, `layout_for`,
+/// `int4_kernel`, which of this step's kernels run (`dot4_runs`, `fma4_runs`, `amx4_runs`, `fma16_runs`,
+/// `panels_run`, `dot4_float_panels_run`), `repack`, `Int4Linear`, and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1176,11 +1181,6 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fma16_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;
     m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
-    m.add("INT4_KERNEL", int4::KERNEL)?;
-    m.add("DOT4_KERNEL", Kernel::Dot4.symbol())?;
-    m.add("FMA4_KERNEL", Kernel::Fma4.symbol())?;
-    m.add("AMX4_KERNEL", dot4::Prompt::Tiles.symbol())?;
-    m.add("FMA16_KERNEL", dot4::Prompt::Fma16.symbol())?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

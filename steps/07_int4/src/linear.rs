@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
-use crate::dot4::{Dot4Linear, Kernel, Panels, Stacking};
+use crate::dot4::{Kernel, OwnLinear, Panels, Stacking};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
 use crate::packed::Packed;
@@ -50,7 +50,7 @@ impl Int4Matmul {
     }
 
     /// The op, as errors and `weights_reason` name it.
-    pub fn kernel(self) -> &'static str {
+    pub fn symbol(self) -> &'static str {
         match self {
             Int4Matmul::Aten => int4::KERNEL,
             Int4Matmul::Dot4 => Kernel::Dot4.symbol(),
@@ -60,7 +60,7 @@ impl Int4Matmul {
 
     /// The kernel as `weights_reason` names it: its op and, where they go otherwise, how a prompt's products go.
     pub fn described(self) -> String {
-        let mut described = self.kernel().to_string();
+        let mut described = self.symbol().to_string();
         let Some(kernel) = self.own() else { return described };
         if let Some(prompt) = kernel.prompt() {
             let (rows, by, symbol) = (prompt.min_rows(), prompt.described(), prompt.symbol());
@@ -92,8 +92,8 @@ pub enum Linear {
     Dense(Tensor),
     /// Multiplied by ATen's int4 kernel.
     Int4(Int4Linear),
-    /// Multiplied by one of this step's own (dot4 or fma4).
-    Dot4(Dot4Linear),
+    /// Multiplied by one of this step's own kernels (dot4 or fma4), on their layout.
+    Own(OwnLinear),
 }
 
 impl Linear {
@@ -101,7 +101,7 @@ impl Linear {
         match self {
             Linear::Dense(w) => crate::onednn::linear(x, w),
             Linear::Int4(w) => w.forward(x),
-            Linear::Dot4(w) => w.forward(x),
+            Linear::Own(w) => w.forward(x),
         }
     }
 
@@ -109,7 +109,7 @@ impl Linear {
     /// hold them so (`Held::own`).
     pub fn gelu_of_halves(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Linear::Dot4(w) => w.gelu_of_halves(x),
+            Linear::Own(w) => w.gelu_of_halves(x),
             _ => Err(invalid!("gelu_of_halves: a stacked gate/up is held on this step's kernels only")),
         }
     }
@@ -118,7 +118,7 @@ impl Linear {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,
             Linear::Int4(w) => w.bytes(),
-            Linear::Dot4(w) => w.bytes(),
+            Linear::Own(w) => w.bytes(),
         }
     }
 }
@@ -167,6 +167,6 @@ impl Held {
 
     /// The packed matrices `parts`, stacked as `stacking` says, as one linear on `kernel`, in this model's arena.
     pub fn own(&self, name: &str, parts: &[&Packed], stacking: Stacking, kernel: Kernel) -> Result<Linear> {
-        Ok(Linear::Dot4(Dot4Linear::new(name, parts, stacking, kernel, &mut self.arena.borrow_mut())?))
+        Ok(Linear::Own(OwnLinear::new(name, parts, stacking, kernel, &mut self.arena.borrow_mut())?))
     }
 }

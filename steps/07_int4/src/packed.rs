@@ -28,7 +28,6 @@ pub fn refuses(rows: i64, cols: i64, group: i64) -> Option<String> {
 }
 // --8<-- [end:check]
 
-// --8<-- [start:unpack]
 /// An int4 matrix kept packed: 8 values per int32 word, low nibble first, stored as `q + 8`, with one scale
 /// per group of columns. Dequantized as compressed-tensors does: `q` times its scale, rounded once to the
 /// scale's dtype (bf16, or f16 in the emb4 tables).
@@ -105,7 +104,6 @@ impl Packed {
         Self::unpack(&packed, &self.scale.f_index_select(0, ids)?, &self.shifts, self.cols)
     }
 }
-// --8<-- [end:unpack]
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -86,7 +86,7 @@ fn huge_paged_map(bytes: i64) -> Result<(Arc<MmapMut>, Tensor)> {
     }
     let at = map[skip as usize..].as_mut_ptr();
     // SAFETY: [at, at + bytes) lies inside the map, which lives as long as the Arc returned with the view; every
-    // view cut from it is kept beside that Arc (Dot4Linear holds both).
+    // view cut from it is kept beside that Arc (OwnLinear holds both).
     let all = unsafe { Tensor::f_from_blob(at, &[bytes], &[1], Kind::Uint8, Device::Cpu)? };
     Ok((Arc::new(map), all))
 }

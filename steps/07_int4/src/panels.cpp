@@ -27,10 +27,11 @@
 namespace {
 
 // --8<-- [start:unpack]
-// Blocks of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout; block i's `i * stride` words and
-// scales after block 0's) into wt [K, ld], k-major: the blocks' 16 weights of column k are neighbours wt[k, 16 i ..
-// 16 i + 16]. Two blocks at a time where there are two (B = 2): their 32 weights of a column are one 64-byte store,
-// a whole cache line, where a block alone writes half a line and its neighbour the other half long after.
+// Blocks of 16 rows (words [K / 8, 16], scales [K / group, 16], dot4.cpp's layout; block i's `i * words` words and
+// `i * scales` scales after block 0's) into wt [K, ld], k-major: the blocks' 16 weights of column k are neighbours
+// wt[k, 16 i .. 16 i + 16]. Two blocks at a time where there are two (B = 2): their 32 weights of a column are one
+// 64-byte store, a whole cache line, where a block alone writes half a line and its neighbour the other half long
+// after.
 template <int B, bool F16>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void unpack(const int32_t* w, const uint16_t* s, int64_t K,
                                                                     int64_t group, uint16_t* wt, int64_t ld) {

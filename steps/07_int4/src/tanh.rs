@@ -1,16 +1,15 @@
 //! Gemma 4's two uses of tanh on the CPU, each in one call (src/tanh.cpp), bit for bit what ATen's ops give (step
 //! 03's): `gelu_tanh(gate) · up` (gemma.rs' `gelu_times`) — a decode step runs 35 feed-forward blocks and 35
 //! per-layer inputs at E2B, and ATen's two ops on a row of 6,144 spend most of their ~20 µs dispatching — and the
-//! logits' softcap `tanh(x / cap) · cap` (gemma.rs' `softcapped`), three passes over 262,144 logits in one. Its tanh
+//! logits' softcap `tanh(x / cap) · cap` (`Gemma::head`), three passes over 262,144 logits in one. Its tanh
 //! is the Sleef function ATen's vector loops call, in the build (AVX-512 or AVX2) ATen dispatches to in this
 //! process, so `weights="bf16"` stays step 03's engine bit for bit.
 use tch::{Device, Kind, Tensor};
 
-use crate::cpu::{aten_isa, Isa};
+use crate::cpu::{aten_isa, tanh_runs, Isa};
 use crate::error::Result;
 
 extern "C" {
-    fn torchtpu_tanh_supported() -> bool;
     fn torchtpu_gelu_times(gate: *const u16, up: *const u16, y: *mut u16, n: i64, avx512: bool);
     fn torchtpu_softcap(x: *const u16, y: *mut u16, cap: f32, n: i64, avx512: bool);
 }
@@ -25,13 +24,7 @@ pub fn whole_steps(n: i64) -> bool {
 /// Whether the kernels take `x`: bf16 on the CPU, with ATen's vector loop for it (AVX2 or AVX-512) and a count it
 /// covers whole (`whole_steps`).
 fn takes(x: &Tensor) -> bool {
-    // SAFETY: reads the CPU's feature flags, nothing else.
-    let flags = unsafe { torchtpu_tanh_supported() };
-    flags
-        && aten_isa() >= Isa::Avx2
-        && x.device() == Device::Cpu
-        && x.kind() == Kind::BFloat16
-        && whole_steps(x.numel() as i64)
+    tanh_runs() && x.device() == Device::Cpu && x.kind() == Kind::BFloat16 && whole_steps(x.numel() as i64)
 }
 
 /// Whether `gelu_times` takes `gate` and `up`: both as `takes` says, of one shape.

@@ -88,7 +88,7 @@ def test_attention_is_counted_by_the_slots_it_reads(tiny):
 
 def test_bad_steps_name_the_argument(tiny):
     engine = torchtpu_int4.Engine(tiny / "text", None, torch.empty(0), 64)
-    for steps in (0, 64):
+    for steps in (0, 64, 2**63 - 1):
         with pytest.raises(ValueError, match=rf"decode_budget\(steps={steps}\): need 1 <= steps"):
             engine.decode_budget(IDS, steps)
     with pytest.raises(TypeError, match=r"decode_budget\(ids\)"):

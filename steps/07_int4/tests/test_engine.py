@@ -123,7 +123,8 @@ def regroup(folder, group):
         tensors.update({f"{p}.{k}": v for k, v in checkpoints.pack_w4(w, group, scale.dtype).items()})
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = group
+    for scheme in config["quantization_config"]["config_groups"].values():
+        scheme["weights"]["group_size"] = group
     (folder / "config.json").write_text(json.dumps(config))
 
 
@@ -140,6 +141,24 @@ def test_a_group_size_the_kernel_does_not_take(tiny, tmp_path):
     assert auto.weights == "int4" and "held bf16" in auto.weights_reason and "q_proj" in auto.weights_reason
     bf16 = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16")
     assert torch.equal(auto.logits(PROMPTS[0]), bf16.logits(PROMPTS[0]))
+
+
+def test_a_tied_head_the_kernel_does_not_take(tiny, tmp_path):
+    """The emb4 twin's embedding table as the tied head, in groups of 16: "auto" holds it bf16 and says so, as it
+    does a linear, where it once failed to load; "int4" refuses the twin."""
+    twin = tmp_path / "emb4"
+    shutil.copytree(tiny / "emb4", twin)
+    regroup(twin, 16)
+    config = json.loads((twin / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (twin / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NotImplementedError, match="group_size 16: the int4 kernels take groups of 32"):
+        torchtpu_int4.Engine(tiny / "text", twin, cpu(), CTX, weights="int4")
+    auto = torchtpu_int4.Engine(tiny / "text", twin, cpu(), CTX)
+    assert auto.weights == "int4" and "held bf16: [\"the tied head (embed_tokens)\"]" in auto.weights_reason
+    bf16 = torchtpu_int4.Engine(tiny / "text", twin, cpu(), CTX, weights="bf16")
+    assert auto.memory()["head"] == bf16.memory()["head"] > 0, "the head dense, as weights=\"bf16\" holds it"
+    assert len(auto.generate(PROMPTS[0], 4)[0]) == 4
 
 
 def test_a_checkpoint_that_is_not_pack_quantized(tiny, tmp_path):
@@ -265,6 +284,8 @@ def test_generate_contract_holds_in_int4(tiny):
         engine.generate([2, 99999], 4)
     with pytest.raises(ValueError, match="max_new"):
         engine.generate(prompt, CTX)
+    with pytest.raises(ValueError, match="max_new"):  # not a sum that wraps past 2^63 and runs on forever
+        engine.generate(prompt, 2**63 - 1)
     errors = []
     worker = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, engine.layout)))
     worker.start()

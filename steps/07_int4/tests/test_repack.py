@@ -224,6 +224,9 @@ def test_malformed_matrices_are_refused():
         torchtpu_int4.repack(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 3, dtype=torch.bfloat16), 64)
     with pytest.raises(TypeError, match="weight_packed: expected a torch.Tensor"):
         torchtpu_int4.repack([1, 2], torch.ones(32, 2, dtype=torch.bfloat16), 64)
+    for cols in (0, -64, 2**63 - 1):  # the last, rounded up to whole words, would pass i64's top
+        with pytest.raises(ValueError, match=f"cols={cols}: need 1 <= cols|weight_packed: .* need int32"):
+            torchtpu_int4.repack(torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16), cols)
     zeros, ones = torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 2, dtype=torch.bfloat16)
     linear = torchtpu_int4.Int4Linear(zeros, ones, 64)
     with pytest.raises(ValueError, match="x: shape"):

@@ -45,7 +45,7 @@ class Engine:
         matvec: the kernel for a decode step's one-row linears on a CPU — "aten" (oneDNN off for the call) or
         "onednn" (Transformers' decode kernel, bit for bit); None: "onednn" on an Intel CPU whose bf16 matmul has a
         fast path, "aten" elsewhere (from memory, ATen's ran at twice oneDNN's rate on an AVX-512 EPYC, oneDNN's at
-        1.1-1.7 times ATen's on the Intel Xeons measured)."""
+        1.1-1.8 times ATen's on the Intel Xeons measured)."""
     @property
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property

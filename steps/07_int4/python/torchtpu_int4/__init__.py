@@ -20,12 +20,7 @@ Transformers reference) are step 03's, in `torchtpu_rs`.
 import torch  # noqa: F401  (first: the Rust extension reuses the libtorch that torch loads)
 
 from ._engine import (
-    AMX4_KERNEL,
     BUILT_WITH_TORCH,
-    DOT4_KERNEL,
-    FMA4_KERNEL,
-    FMA16_KERNEL,
-    INT4_KERNEL,
     RUSTC_VERSION,
     TCH_VERSION,
     Engine,
@@ -44,9 +39,6 @@ from ._engine import (
     sample,
 )
 
-WEIGHTS = ("auto", "int4", "bf16")
-
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "fma4_runs", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack", "INT4_KERNEL",
-           "DOT4_KERNEL", "FMA4_KERNEL", "AMX4_KERNEL", "FMA16_KERNEL", "WEIGHTS", "TCH_VERSION", "RUSTC_VERSION",
-           "BUILT_WITH_TORCH"]
+           "fma4_runs", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack", "TCH_VERSION",
+           "RUSTC_VERSION", "BUILT_WITH_TORCH"]

@@ -8,11 +8,6 @@ import torch
 TCH_VERSION: str
 RUSTC_VERSION: str
 BUILT_WITH_TORCH: str
-INT4_KERNEL: str  # "aten::_weight_int4pack_mm_for_cpu"
-DOT4_KERNEL: str  # "torchtpu_dot4_mm"
-FMA4_KERNEL: str  # "torchtpu_fma4_mm"
-AMX4_KERNEL: str  # "torchtpu_amx4_mm": dot4's products of a short prompt's rows on AMX's tiles
-FMA16_KERNEL: str  # "torchtpu_fma16_mm": fma4's arithmetic in 16 lanes, for the same on an Intel CPU without AMX
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
@@ -48,8 +43,9 @@ class Engine:
         decode_attention: Literal["auto", "own", "aten"] = "auto",
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
-        rounded up to chunk × 2^k: a few shapes, no work on empty slots), "all" (every ctx slot: one compiled
-        program at every position); None: "all" on a TPU, "bucket" elsewhere. Same tokens and logits either way.
+        rounded up to 64 × 2^k, or chunk × 2^k for a chunk under 64: a few shapes, no work on empty slots), "all"
+        (every ctx slot: one compiled program at every position); None: "all" on a TPU, "bucket" elsewhere. Same
+        tokens and logits either way.
         attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
@@ -57,7 +53,7 @@ class Engine:
         does not run), "bf16" (dequantized at load: step 03's engine), "auto" (int4 where the kernel runs and
         dtype="bfloat16", else bf16; a matrix the kernel cannot take is held bf16 and named).
         int4_matmul: the int4 kernel — "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16, bfloat16;
-        NotImplementedError elsewhere), "fma4" (torchtpu_fma4_mm: AVX2 and FMA, bfloat16), "aten"
+        NotImplementedError elsewhere), "fma4" (torchtpu_fma4_mm: AVX2, FMA and F16C, bfloat16), "aten"
         (aten::_weight_int4pack_mm_for_cpu), "auto" (dot4 where it runs, else fma4, else aten).
         matvec: the kernel for a decode step's one-row dense linears on a CPU — "aten" (oneDNN off for the call) or
         "onednn" (Transformers' decode kernel, bit for bit); None: "onednn" on an Intel CPU whose bf16 matmul has a
@@ -137,7 +133,8 @@ class Engine:
         """L + 1 tensors [len(ids), hidden]: each layer's input, then the final-norm output."""
 
     def weight_bytes_per_token(self) -> int:
-        """Bytes of weights one decode step reads, as held on the device (int4: nibbles, scales, zero points)."""
+        """Bytes of weights one decode step reads, as held on the device (int4: nibbles and scales, and ATen's zero
+        points where its kernel runs)."""
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: linears, head, embed_tokens, embed_tokens_per_layer (0 when left in the file, as
         with int4 linears), norms and scalars, kv caches. The rest of the process is the runtime."""
@@ -167,7 +164,7 @@ def dot4_runs() -> bool:
     """Whether torchtpu_dot4_mm runs in this process: the CPU has AVX-512 F and BW and AVX512-BF16, ATen may use
     AVX-512 and oneDNN AVX512-BF16 (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE, the stand-in for Skylake to Ice Lake)."""
 def fma4_runs() -> bool:
-    """Whether torchtpu_fma4_mm runs in this process: AVX2 and FMA, and ATen allowed AVX2 at least."""
+    """Whether torchtpu_fma4_mm runs in this process: AVX2, FMA and F16C, and ATen allowed AVX2 at least."""
 def amx4_runs() -> bool:
     """Whether dot4's products of 4 to 127 rows (a short prompt's) go by AMX's tiles here (torchtpu_amx4_mm, dot4's
     arithmetic): the CPU has AMX and AVX512-BF16, Linux lets the process use the tiles, ATen may use AVX-512 and
@@ -204,5 +201,5 @@ class Int4Linear:
     def nbytes(self) -> int:
         """Bytes one product reads: nibbles and scales (and ATen's zero points) as held."""
     @property
-    def matmul(self) -> Literal["aten", "dot4"]:
+    def matmul(self) -> Literal["aten", "dot4", "fma4"]:
         """The kernel it was made for."""
