@@ -4,7 +4,8 @@
 # none (torch, oneDNN and MKL pick their AVX2 code by themselves, as on a real one) and an AVX-512 instruction
 # that strayed into an AVX2 path would stop the run with SIGILL: what the AVX2 limit (the Makefile's AVX2_LIMIT)
 # cannot show on a CPU that has AVX-512. Emulation is slow; its timings mean nothing.
-# Needs QEMU's user mode (Debian: qemu-user); CI installs it, elsewhere the check says how and skips.
+# Needs QEMU's user mode (Debian: qemu-user): where the CI variable is set (the project's CI) this script installs it,
+# elsewhere the check says how and skips.
 set -euo pipefail
 
 if ! command -v qemu-x86_64 >/dev/null; then

@@ -20,7 +20,8 @@ ROOT = STEP.parents[1]
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, ctx, short_prompt):
-    """run.py on the tiny checkpoint, float32 (the same graphs test_compile compiled), 8 tokens, all four ways."""
+    """run.py on the trained model step 03 ships, float32 (the same graphs test_compile compiled), 8 tokens, all four
+    ways (fused recorded as not available off a TPU)."""
     out = tmp_path_factory.mktemp("run") / "step05.json"
     proc = subprocess.run([sys.executable, str(STEP / "run.py"), "--device", "cpu", "--dtype", "float32",
                            "--ctx", str(ctx), "--max-new", "8", "--prompt", short_prompt, "--json", str(out)],
