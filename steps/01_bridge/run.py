@@ -10,8 +10,9 @@ import shlex
 import sys
 from datetime import datetime, timezone
 
-import bridge_rs
 import torch  # first: it loads libtorch and libtorch_python, which the Rust extension reuses
+
+import bridge_rs  # isort: skip  (after torch, on purpose)
 
 
 def choose_device(name: str) -> torch.device:

@@ -5,7 +5,7 @@ usage: python ask.py [PROMPT] [--max-new 32] [--temperature T] [--top-k K] [--to
                      [--json PATH]
 Greedy unless --temperature, --top-k or --top-p is given; the same --seed gives the same reply. Ctrl-C stops it.
 Without --model it asks the small model step 03 ships, which answers questions about numbered records (its
-tokenizer knows about 500 words: other words become <unk>).
+tokenizer knows 456 words: other words become <unk>).
 """
 import argparse
 import sys

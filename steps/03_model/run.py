@@ -3,7 +3,7 @@
 usage: python run.py [--model DIR] [--emb4 DIR] [--device auto|tpu|cuda|cpu] [--dtype bfloat16|float32]
                      [--ctx N] [--prompt TEXT] [--max-new 64] [--read-every 1] [--json PATH]
 Without --model it runs the small model step 03 ships, trained here to answer questions about numbered
-records (its tokenizer knows 512 words: other words become <unk>); the same command runs the real -text /
+records (its tokenizer knows 456 words: other words become <unk>); the same command runs the real -text /
 -text-emb4 repacks. Generation stops at the checkpoint's end-of-reply ids, or after --max-new tokens.
 """
 import argparse

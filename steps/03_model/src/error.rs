@@ -26,6 +26,15 @@ impl Error {
     pub fn not_found(path: &Path, what: impl Into<String>) -> Self {
         Error::NotFound { path: path.display().to_string(), what: what.into() }
     }
+
+    /// A file that could not be read: not there (`FileNotFoundError`), or there and unreadable — a folder, no
+    /// permission (`ValueError`).
+    pub fn reading(path: &Path, e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => Error::not_found(path, e.to_string()),
+            _ => Error::Invalid(format!("{}: {e}", path.display())),
+        }
+    }
 }
 
 /// `Error::Invalid` from a format string.

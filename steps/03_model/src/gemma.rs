@@ -420,7 +420,7 @@ pub struct Cache {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeSlots {
     /// The visible bucket: the slots up to the step's position, rounded up as a prompt chunk's are
-    /// (`full_slots_for`). A few shapes (eight at E2B), and no work on empty slots: the CPU and CUDA default.
+    /// (`full_slots_for`). A few shapes (eight at E2B's 33,024-token context), and no work on empty slots: the CPU and CUDA default.
     Bucket,
     /// All `ctx` slots: one shape, so one compiled program at every position — the TPU default.
     All,
@@ -584,8 +584,8 @@ pub struct Gemma {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Tensor,
-    /// Whether a decode step's linears run on ATen's mat-vec (the default) or on oneDNN's, as Transformers'
-    /// do (see onednn.rs).
+    /// Whether a decode step's linears run on ATen's mat-vec or on oneDNN's, as Transformers' do (see onednn.rs;
+    /// the default depends on the CPU: lib.rs' `matvec_in_aten_arg`).
     pub matvec_in_aten: bool,
 }
 

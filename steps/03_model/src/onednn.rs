@@ -3,8 +3,9 @@
 //! On a CPU with AVX-512 or AMX, torch hands bf16 matmuls to oneDNN, which is fast for a prompt chunk's
 //! hundreds of rows and slow for the one row of a decode step; ATen's own kernels, with oneDNN switched off, are
 //! the other way round (the walkthrough's `make bench` times both, for a mat-vec, a prompt chunk and decode
-//! attention: docs/runs/cpu-e2b/05_tpu.txt). So a decode step's linears run with oneDNN off for the call, and
-//! everything else (attention included) keeps it. Both kernels sum in float32; their sums' order differs, so
+//! attention: docs/runs/cpu-e2b/05_tpu.txt). Which of the two streams a one-row product faster depends on the CPU
+//! (the Engine's `matvec` picks, lib.rs' `matvec_in_aten_arg`): where it is ATen's, a decode step's linears run with
+//! oneDNN off for the call, and everything else (attention included) keeps it. Both kernels sum in float32; their sums' order differs, so
 //! now and then an output differs in its last bf16 bit (the same record counts them for one mat-vec):
 //! `Engine(matvec="onednn")` keeps Transformers' kernel, bit for bit.
 use std::cell::Cell;

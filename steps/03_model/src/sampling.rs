@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{invalid, Result};
 
-/// How to pick tokens. `temperature: None` is greedy.
+/// How to sample tokens (greedy decoding has no `Sampling`: `None` where one would be).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampling {
     pub temperature: f64,

@@ -46,6 +46,8 @@ Q0 = "model.layers.0.self_attn.q_proj"
 LOAD_CASES = [
     ("missing dir", lambda f: shutil.rmtree(f), "E(M)", "FileNotFoundError", "no such checkpoint folder"),
     ("missing config", lambda f: (f / "config.json").unlink(), "E(M)", "FileNotFoundError", "config.json"),
+    ("config a folder", lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir()), "E(M)", "ValueError",
+     "config.json: Is a directory"),
     ("garbled config", lambda f: (f / "config.json").write_text("{not json"), "E(M)", "ValueError",
      "config.json: not valid JSON"),
     ("config without a key", lambda f: edit_config(f, lambda c: c.pop("hidden_size")), "E(M)", "ValueError",
@@ -82,6 +84,12 @@ CALL_CASES = [
     ("negative max_new", "E(M).generate([2], -1)", "ValueError", "max_new=-1"),
     # a sum with len(ids) that wraps past 2^63 would pass a check written as one, and generate would never end
     ("max_new at i64's top", "E(M).generate([2], 2**63 - 1)", "ValueError", "len(ids) + max_new <= ctx"),
+    ("top_k past i64", "E(M).stream([2], 4, top_k=2**64)", "ValueError", "top_k=18446744073709551616: out of range"),
+    ("sample n negative", "torchtpu_rs.sample(torch.zeros(8), -1, 0)", "ValueError", "n=-1: need 0 <= n"),
+    ("sample of a 0-d tensor", "torchtpu_rs.sample(torch.tensor(1.0), 1, 0)", "ValueError", "sample(logits): shape []"),
+    ("filtered_probs of a 0-d tensor", "torchtpu_rs.filtered_probs(torch.tensor(1.0))", "ValueError",
+     "filtered_probs(logits): shape []"),
+    ("filtered_probs of no tokens", "torchtpu_rs.filtered_probs(torch.zeros(2, 0))", "ValueError", "vocab >= 1"),
     ("read_every zero", "E(M).generate([2], 4, read_every=0)", "ValueError", "read_every=0"),
     ("stop not a collection", "E(M).generate([2], 4, stop=1)", "TypeError", "stop: expected a list, tuple or set"),
     ("stop not ints", "E(M).generate([2], 4, stop=['x'])", "TypeError", "stop: expected ints, got str 'x'"),

@@ -161,3 +161,11 @@ def test_bad_arguments_raise_naming_the_argument(tiny, kw, error, words):
     with pytest.raises(error, match=words):
         e.tokens(**kw)
     assert list(e.stream(PROMPT, 3)) == e.generate(PROMPT, 3)[0], "usable afterwards"
+
+
+def test_a_bad_max_new_leaves_the_prefill_for_the_next_call(tiny):
+    e = engine(tiny, "float32")
+    e.prefill(PROMPT)
+    with pytest.raises(ValueError, match="max_new=-1"):
+        e.tokens(max_new=-1)
+    assert list(e.tokens(max_new=3)) == e.generate(PROMPT, 3)[0]

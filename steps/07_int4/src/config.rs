@@ -18,7 +18,7 @@ pub struct Config {
 impl Config {
     /// Reads `config.json`: a `Gemma4ForCausalLM` config, or the multimodal layout with a `text_config`.
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::not_found(path, e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::reading(path, e))?;
         Config::parse(&text, path)
     }
 
@@ -108,9 +108,6 @@ pub struct TextConfig {
     /// Head size of the full-attention layers. Transformers defaults it to 512 when absent; so do we.
     #[serde(default)]
     pub global_head_dim: Option<i64>,
-    /// KV heads of the full layers — read only with `attention_k_eq_v`, as Transformers reads it.
-    #[serde(default)]
-    pub num_global_key_value_heads: Option<i64>,
     pub hidden_size_per_layer_input: i64,
     pub vocab_size: i64,
     pub vocab_size_per_layer_input: i64,
@@ -166,6 +163,9 @@ impl<T> ByKind<T> {
     }
 }
 
+/// The largest size a config may give (2^24; E2B's largest, its vocabulary, is 2^18).
+const MOST: i64 = 1 << 24;
+
 impl TextConfig {
     fn check(&self) -> std::result::Result<(), String> {
         let positive = [
@@ -180,6 +180,24 @@ impl TextConfig {
         if let Some((name, v)) = positive.iter().find(|(_, v)| *v <= 0) {
             return Err(format!("{name} must be positive, got {v}"));
         }
+        // Sizes are multiplied together (a cache's slots × heads × head size, a ring's 2 × window): a garbled
+        // value past any model's would wrap an i64 product silently instead of failing here.
+        let sizes = [
+            ("intermediate_size", self.intermediate_size),
+            ("global_head_dim", self.global_head_dim.unwrap_or(0)),
+            ("hidden_size_per_layer_input", self.hidden_size_per_layer_input),
+            ("vocab_size_per_layer_input", self.vocab_size_per_layer_input),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, v)) = positive.iter().chain(&sizes).find(|(_, v)| !(0..=MOST).contains(v)) {
+            return Err(format!("{name} = {v}: need 0 <= {name} <= {MOST}"));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
         if self.layer_types.len() as i64 != self.num_hidden_layers {
             return Err(format!("{} layer_types for {} layers", self.layer_types.len(), self.num_hidden_layers));
         }
@@ -189,8 +207,19 @@ impl TextConfig {
             return Err(format!("unknown layer type {t:?}"));
         }
         for t in ["sliding_attention", "full_attention"] {
-            if !self.rope_parameters.contains_key(t) {
+            let Some(rope) = self.rope_parameters.get(t) else {
                 return Err(format!("rope_parameters has no {t:?} entry"));
+            };
+            // the two RoPE kinds Gemma 4 uses (Rotary::new); another would run as "default", silently wrong
+            if !["default", "proportional"].contains(&rope.rope_type.as_str()) {
+                return Err(format!(
+                    "rope_parameters[{t:?}]: rope_type {:?} is not default or proportional",
+                    rope.rope_type
+                ));
+            }
+            if !(rope.partial_rotary_factor > 0.0 && rope.partial_rotary_factor <= 1.0) {
+                let f = rope.partial_rotary_factor;
+                return Err(format!("rope_parameters[{t:?}]: partial_rotary_factor {f} is not in (0, 1]"));
             }
         }
         if self.hidden_activation != "gelu_pytorch_tanh" {
@@ -234,15 +263,10 @@ impl TextConfig {
         }
     }
 
-    pub fn kv_heads(&self, kind: AttentionKind) -> i64 {
-        match kind {
-            // Transformers overrides the full layers' KV heads only for models that share values with keys
-            AttentionKind::Full if self.attention_k_eq_v => {
-                self.num_global_key_value_heads.unwrap_or(self.num_key_value_heads)
-            }
-            AttentionKind::Full => self.num_key_value_heads,
-            AttentionKind::Sliding => self.num_key_value_heads,
-        }
+    /// Both kinds of layer: Transformers reads `num_global_key_value_heads` for the full layers only in models that
+    /// share values with keys (`attention_k_eq_v`), which `check` refuses.
+    pub fn kv_heads(&self, _kind: AttentionKind) -> i64 {
+        self.num_key_value_heads
     }
 
     /// The first layer that reuses another layer's keys and values instead of computing its own.
@@ -403,6 +427,14 @@ pub mod tests {
         assert!(message(&config).contains("mixes group sizes"));
     }
 
+    /// E2B's RoPE parameters with the full layers' type and partial factor replaced.
+    fn rope(full_type: &str, partial: f64) -> Value {
+        json!({
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": full_type, "partial_rotary_factor": partial, "rope_theta": 1e6}
+        })
+    }
+
     #[test]
     fn bad_configs_are_refused_with_the_reason() {
         let garbled = Config::parse("{not json", Path::new("c.json")).err().expect("refused");
@@ -415,6 +447,11 @@ pub mod tests {
             ("layer_types", Some(json!(vec!["chunked_attention"; 35])), "unknown layer type"),
             ("hidden_activation", Some(json!("gelu")), "not gelu_pytorch_tanh"),
             ("attention_k_eq_v", Some(json!(true)), "attention_k_eq_v"),
+            ("sliding_window", Some(json!(1_i64 << 62)), "sliding_window = 4611686018427387904: need 0 <="),
+            ("vocab_size_per_layer_input", Some(json!(-1)), "vocab_size_per_layer_input = -1"),
+            ("num_key_value_heads", Some(json!(3)), "num_attention_heads 8 is not a multiple of num_key_value_heads 3"),
+            ("rope_parameters", Some(rope("yarn", 0.25)), "rope_type \"yarn\" is not default or proportional"),
+            ("rope_parameters", Some(rope("proportional", 1.5)), "partial_rotary_factor 1.5 is not in (0, 1]"),
             ("num_kv_shared_layers", Some(json!(35)), "num_kv_shared_layers 35 out of range"),
             // 33 shared layers leave sliding layers 0 and 1 as the only owners: a full layer has none to share
             ("num_kv_shared_layers", Some(json!(33)), "KV-shared full_attention layer has no earlier"),

@@ -814,8 +814,9 @@ pub struct Gemma {
     pub matmul: Int4Matmul,
     /// With `weights="auto"`: the packed matrices the int4 kernel could not take, held dense instead.
     pub kept_dense: Vec<String>,
-    /// Whether a decode step's dense linears run on ATen's mat-vec (the default) or on oneDNN's, as
-    /// Transformers' do (see onednn.rs). The 4-bit linears run on `matmul`'s kernel either way.
+    /// Whether a decode step's dense linears run on ATen's mat-vec or on oneDNN's, as Transformers' do (see
+    /// onednn.rs; the default depends on the CPU: lib.rs' `matvec_in_aten_arg`). The 4-bit linears run on
+    /// `matmul`'s kernel either way.
     pub matvec_in_aten: bool,
 }
 

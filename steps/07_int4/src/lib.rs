@@ -718,10 +718,13 @@ impl Engine {
         let stop = checked_stop(stop, &state.model.cfg)?;
         let sampling = sampling_args(temperature, top_k, top_p)?;
         let seed = seed_arg(seed)?;
+        // checked before the prefill is taken, so that a bad max_new leaves it for the next call
+        if let Some(prefilled) = &state.prefilled {
+            check_max_new(max_new, prefilled.len, state.cache.ctx)?;
+        }
         let prefilled = state.prefilled.take().ok_or_else(|| {
             PyRuntimeError::new_err("tokens: no prompt read; call prefill(ids) first (each prefill serves one stream)")
         })?;
-        check_max_new(max_new, prefilled.len, state.cache.ctx)?;
         state.epoch += 1;
         let stream = Stream {
             epoch: state.epoch,
@@ -1029,21 +1032,25 @@ fn checked_stop(stop: Option<&Bound<'_, PyAny>>, cfg: &TextConfig) -> PyResult<V
 }
 
 fn check_max_new(max_new: i64, n: i64, ctx: i64) -> PyResult<()> {
+    if max_new < 0 {
+        return Err(PyValueError::new_err(format!("max_new={max_new}: need 0 <= max_new")));
+    }
     // `max_new > ctx - n`, not `n + max_new > ctx`: a max_new near 2^63 would wrap the sum past the check
-    if max_new < 0 || max_new > ctx - n {
+    if max_new > ctx - n {
         return Err(PyValueError::new_err(format!(
-            "max_new={max_new}: need 0 <= max_new and len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
+            "max_new={max_new}: need len(ids) + max_new <= ctx ({n} + {max_new} > {ctx})"
         )));
     }
     Ok(())
 }
 
-/// A number argument: an int or float (not a bool), else a TypeError naming it.
-fn number<T: for<'a, 'py> FromPyObject<'a, 'py>>(
-    obj: Option<&Bound<'_, PyAny>>,
-    arg: &str,
-    what: &str,
-) -> PyResult<Option<T>> {
+/// A number argument: an int or float (not a bool), else a TypeError naming it; one out of `T`'s range (Python's
+/// OverflowError) a ValueError.
+fn number<T>(obj: Option<&Bound<'_, PyAny>>, arg: &str, what: &str) -> PyResult<Option<T>>
+where
+    T: for<'a, 'py> FromPyObject<'a, 'py>,
+    for<'a, 'py> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     let got = || {
         format!(
@@ -1055,7 +1062,16 @@ fn number<T: for<'a, 'py> FromPyObject<'a, 'py>>(
     if obj.is_instance_of::<pyo3::types::PyBool>() {
         return Err(PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())));
     }
-    obj.extract::<T>().map(Some).map_err(|_| PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got())))
+    obj.extract::<T>().map(Some).map_err(|e| {
+        if e.into().is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
+            PyValueError::new_err(format!(
+                "{arg}={}: out of range for {what}",
+                obj.repr().map_or("?".into(), |r| r.to_string())
+            ))
+        } else {
+            PyTypeError::new_err(format!("{arg}: expected {what}, got {}", got()))
+        }
+    })
 }
 
 /// Greedy (None) unless temperature, top_k or top_p is given.
@@ -1114,7 +1130,8 @@ fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
 
 /// layout_for(config_json, ctx) -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 ///
-/// The cache layout an Engine would have, from a config.json alone (no weights needed).
+/// The cache layout an Engine would have, from a config.json alone (no weights needed). `ctx` is checked as the
+/// Engine checks it (1 to max_position_embeddings); the layout itself does not depend on it.
 #[pyfunction]
 fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> {
     let cfg = Config::from_file(&config_json)?.text;
@@ -1122,7 +1139,7 @@ fn layout_for(config_json: PathBuf, ctx: i64) -> PyResult<(i64, i64, i64, i64)> 
     Ok(config::layout(&cfg).into())
 }
 
-/// sample(logits, n, seed, temperature=1.0, top_k=None, top_p=None) -> list[int]
+/// sample(logits, n, seed, temperature=None, top_k=None, top_p=None) -> list[int]
 ///
 /// `n` draws from one row of logits, filtered and drawn exactly as `Engine.tokens` samples (for tests and for
 /// seeing what the arguments do).
@@ -1136,16 +1153,40 @@ fn sample(
     top_k: Option<&Bound<'_, PyAny>>,
     top_p: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<i64>> {
-    let logits = take(logits, "sample(logits)")?.f_reshape([1, -1]).map_err(torch_error)?;
+    let logits = logits_arg(logits, "sample(logits)")?.f_reshape([1, -1]).map_err(torch_error)?;
+    if n < 0 {
+        return Err(PyValueError::new_err(format!("n={n}: need 0 <= n")));
+    }
     let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
     let mut rng = Rng::new(seed_arg(Some(seed))?);
     let probs = sampling.probabilities(&logits)?;
-    (0..n).map(|_| Ok(rng.draw(&probs)?)).collect()
+    let py = seed.py();
+    (0..n)
+        .map(|i| {
+            if i % 4096 == 4095 {
+                py.check_signals()?; // Ctrl-C, in a long run of draws
+            }
+            Ok(rng.draw(&probs)?)
+        })
+        .collect()
 }
 
-/// filtered_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Tensor
+/// logits as `sample` and `filtered_probs` take them: a tensor with a last axis of at least one token.
+fn logits_arg(logits: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
+    let logits = take(logits, what)?;
+    if logits.dim() == 0 || logits.size().last() == Some(&0) {
+        return Err(PyValueError::new_err(format!(
+            "{what}: shape {:?}, need [..., vocab] with vocab >= 1",
+            logits.size()
+        )));
+    }
+    Ok(logits)
+}
+
+/// filtered_probs(logits, temperature=None, top_k=None, top_p=None) -> torch.Tensor
 ///
-/// The float32 distribution `tokens` samples from: temperature, top-k, top-p as Transformers' processors.
+/// The float32 distribution `tokens` samples from: temperature (1.0 when unset), top-k, top-p as Transformers'
+/// processors.
 #[pyfunction]
 #[pyo3(signature = (logits, temperature = None, top_k = None, top_p = None))]
 fn filtered_probs<'py>(
@@ -1155,7 +1196,7 @@ fn filtered_probs<'py>(
     top_k: Option<&Bound<'py, PyAny>>,
     top_p: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let logits = take(logits, "filtered_probs(logits)")?;
+    let logits = logits_arg(logits, "filtered_probs(logits)")?;
     let sampling = sampling_args(temperature, top_k, top_p)?.map_or_else(|| Sampling::new(1.0, None, None), Ok)?;
     give(py, &sampling.probabilities(&logits)?)
 }

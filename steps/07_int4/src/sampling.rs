@@ -25,7 +25,7 @@ pub fn greedy(logits: &Tensor) -> Result<Tensor> {
     Ok(Tensor::f_from_slice(&[index])?)
 }
 
-/// How to pick tokens. `temperature: None` is greedy.
+/// How to sample tokens (greedy decoding has no `Sampling`: `None` where one would be).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampling {
     pub temperature: f64,

@@ -49,7 +49,7 @@ impl Checkpoint {
         let config = Config::from_file(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<String> = if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|e| Error::not_found(&index, e.to_string()))?;
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::reading(&index, e))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| invalid!("{}: not valid JSON: {e}", index.display()))?;
             let map = json["weight_map"].as_object().ok_or_else(|| invalid!("{}: no weight_map", index.display()))?;
@@ -64,7 +64,7 @@ impl Checkpoint {
         let mut tensors = HashMap::new();
         for name in files {
             let path = dir.join(&name);
-            let file = File::open(&path).map_err(|e| Error::not_found(&path, e.to_string()))?;
+            let file = File::open(&path).map_err(|e| Error::reading(&path, e))?;
             // SAFETY: the file is only read; a checkpoint changed on disk while mapped is outside our control.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| invalid!("{}: cannot map: {e}", path.display()))?;
             let (header, meta) = SafeTensors::read_metadata(&map)
