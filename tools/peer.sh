@@ -25,6 +25,12 @@ declare -A FLAGS=(
   [avx512]="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   [avx2]="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 )
+for b in ${@:-}; do  # before any download or build: a name FLAGS lacks would stop it half way
+  if [ -z "${FLAGS[$b]+known}" ]; then
+    echo "usage: tools/peer.sh [native|avx512|avx2]...   (no build named '$b')" >&2
+    exit 2
+  fi
+done
 
 mkdir -p "$PEER/sdist"
 SDIST=$PEER/sdist/llama_cpp_python-$VERSION.tar.gz

@@ -144,11 +144,13 @@ def record_notebook(device: str, path: Path = NOTEBOOK) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help="runs to record (default: all of tools/records.txt)")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", choices=["auto", "tpu", "cuda", "cpu"])
     ap.add_argument("--list", type=Path, default=ROOT / "tools" / "records.txt",
                     help="which runs (default: %(default)s)")
     ap.add_argument("--folder", help="folder under docs/runs/ (default: the device's name)")
     a = ap.parse_args()
+    if not a.list.is_file():
+        ap.error(f"--list {a.list}: no such file")
     runs = manifest(a.list)
     default_list = a.list.resolve() == (ROOT / "tools" / "records.txt")
     unknown = set(a.names) - set(runs) - ({"notebook"} if default_list else set())

@@ -2,7 +2,7 @@
 
 usage: python run.py [--model DIR] [--emb4 DIR] [--reference-model DIR] [--dtype bfloat16|float32]
                      [--attention-dtype bfloat16|float32] [--matvec aten|onednn] [--prompt-len N] [--max-new 64]
-                     [--layers] [--json PATH]
+                     [--layers] [--plant-fault LAYER] [--json PATH]
 The reference defaults to the folder the engine's tables come from: the emb4 twin when given, else --model.
 """
 import argparse
@@ -15,6 +15,7 @@ import torch  # first: the engine reuses the libtorch it loads
 import torchtpu_rs
 from safetensors.torch import load_file, save_file
 from torchtpu_parity import compare
+from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import cli, prompting, records
 from torchtpu_rs.reference import transformers_model
 from transformers import AutoTokenizer
@@ -59,12 +60,21 @@ def main() -> None:
     ap.add_argument("--layers", action="store_true", help="also compare every hidden state, naming the first off")
     ap.add_argument("--plant-fault", type=int, metavar="LAYER",
                     help="demo: the engine gets a copy whose LAYER has its queries negated (the reference: clean)")
-    args = cli.resolve(ap.parse_args())
+    args = ap.parse_args()
     if args.device not in ("auto", "cpu"):
         ap.error("parity runs on the CPU, where Transformers is the reference: use --device cpu")
+    if args.prompt_len is not None and args.prompt_len < 1:
+        ap.error(f"--prompt-len {args.prompt_len}: at least 1 (the <bos> token)")
+    if args.max_new < 1:
+        ap.error(f"--max-new {args.max_new}: at least 1")
+    refuse_missing_folder(ap, "--json", args.json)
+    args = cli.resolve(args)
     reference_dir = args.reference_model or args.emb4 or args.model
     clean = args.model  # what the record names: a planted fault is recorded as planted_fault, not its temp folder
     if args.plant_fault is not None:
+        layers = prompting.text_config(args.model)["num_hidden_layers"]
+        if not 0 <= args.plant_fault < layers:
+            ap.error(f"--plant-fault {args.plant_fault}: {args.model} has layers 0 to {layers - 1}")
         # removed when this object is collected, at the latest when the interpreter exits: no copy is left behind
         scratch = tempfile.TemporaryDirectory(prefix="faulty-")
         args.model = plant_fault(args.model, args.plant_fault, Path(scratch.name))

@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch
+from torchtpu_parity.flags import positive_ints, refuse_missing_folder
 from torchtpu_rs import records
 from torchtpu_ways.baseline import attend, attention_dtype_default
 
@@ -48,19 +49,23 @@ def measure(slot_counts: list[int], repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slots", default="4096,33024", help="cache lengths to attend over, comma-separated")
+    ap.add_argument("--slots", type=positive_ints, default="4096,33024",
+                    help="cache lengths to attend over, comma-separated")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per figure (the median is shown)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the CPU: what attention_dtype is about")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the AVX2 child
     args = ap.parse_args()
-    slot_counts = [int(s) for s in args.slots.split(",")]
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: at least 1 (a median of no calls is none)")
+    refuse_missing_folder(ap, "--json", args.json)
     if args.measure_only:
-        print(json.dumps(measure(slot_counts, args.repeat)))
+        print(json.dumps(measure(args.slots, args.repeat)))
         return
-    runs = {"this CPU": measure(slot_counts, args.repeat)}
-    child = subprocess.run([sys.executable, __file__, "--measure-only", "--slots", args.slots, "--repeat",
-                            str(args.repeat)], env={**os.environ, **AVX2}, capture_output=True, text=True, check=True)
+    runs = {"this CPU": measure(args.slots, args.repeat)}
+    child = subprocess.run([sys.executable, __file__, "--measure-only", "--slots", ",".join(map(str, args.slots)),
+                            "--repeat", str(args.repeat)], env={**os.environ, **AVX2}, capture_output=True, text=True,
+                           check=True)
     runs["limited to AVX2"] = json.loads(child.stdout.splitlines()[-1])
     print(f"one full layer's decode attention at E2B size ({HEADS} heads × {HEAD_DIM}), median of {args.repeat} calls")
     print(f"{'CPU':<16} {'capability':<11} {'fast bf16':<10} {'slots':>6} {'bf16 ms':>8} {'f32 ms':>7} "

@@ -1,10 +1,12 @@
 """`make bench`, step 05: the three ways at full E2B size on this machine, with the figures that make the
 numbers comparable across machines — measured memory bandwidth, the bytes each way reads per decode token
 (weights as held, and the cached keys and values its attention reads), and the fraction of the bandwidth limit
-each way reaches — and the project's targets, met or not. With step 07 installed, its int4 way runs too, and
-again beside Rust eager at a short context (`--short-ctx`). With `make peer` done, llama.cpp's ways
-(`llamacpp-q4_0`, `llamacpp-q8_0`, ...: torchtpu_ways.peer) run beside them on GGUFs made from the same checkpoint,
-from the same prompt ids, and the ratios to the best of them are printed (no target of theirs: figures as they are).
+each way reaches — and the project's targets, met or not. Later ways run only when `--ways` names them (as
+tools/bench.txt does): step 07's (`rust-int4`, `rust-int4-aten`; with step 07 installed), rust-int4 again beside
+Rust eager at a short context (`--short-ctx`); and llama.cpp's (`llamacpp-q4_0`, `llamacpp-q8_0`, ...; with `make
+peer` done: step 04's torchtpu_parity.peer, run by torchtpu_ways.peer_run and peer_worker) on GGUFs made from the
+same checkpoint, from the same prompt ids, with the ratios to the best of them printed (no target of theirs:
+figures as they are).
 
 usage: python bench.py [--repeat 3] [--max-new 64] [--ways ...] [--short-ctx 4096] [--dtype bfloat16]
                        [--json PATH] [--chart PNG]
@@ -14,9 +16,11 @@ are noise, the speeds and the memory are real.
 import argparse
 import contextlib
 import importlib.util
+from pathlib import Path
 
 import torch
 from torchtpu_parity import peer
+from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways import prompt
@@ -223,7 +227,9 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--ways", default=",".join(WAYS),
+                    help=f"comma-separated, from {', '.join(WAYS + OPTIONAL)} (step 07's, when installed), or "
+                         f"llama.cpp's ({peer.WAY_FORM}, after make peer)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
     ap.add_argument("--repeat", type=int, default=3)
@@ -233,6 +239,18 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--chart", metavar="PNG", help="write the bar chart here (default: beside --json)")
     args = ap.parse_args()
+    ways = args.ways.split(",")
+    if bad := [w for w in ways if w not in WAYS + OPTIONAL + PEER]:
+        ap.error(f"--ways: unknown {', '.join(bad)}; choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: "
+                 f"{peer.WAY_FORM}")
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: at least 1")
+    if args.max_new < 2:  # the prompt's read yields the first token; decode's speed needs a step after it
+        ap.error(f"--max-new {args.max_new}: at least 2 (the first token comes from the prompt's read)")
+    if args.short_ctx < 0:
+        ap.error(f"--short-ctx {args.short_ctx}: a context length, or 0 to skip")
+    refuse_missing_folder(ap, "--json", args.json)
+    refuse_missing_folder(ap, "--chart", args.chart)
 
     folder = checkpoints.e2b()
     model, emb4 = folder / "text", folder / "emb4"
@@ -255,9 +273,6 @@ def main() -> None:
         + f"; 64 mat-vecs through each round {apart} of {64 * 6144} outputs apart", flush=True)
 
     cfg = TextConfig.from_file(model / "config.json")
-    ways = args.ways.split(",")
-    if bad := [w for w in ways if w not in WAYS + OPTIONAL + PEER]:
-        ap.error(f"--ways: unknown {', '.join(bad)}")
     # llama.cpp's GGUFs of this checkpoint, made once before any way is timed (minutes at E2B size), then cached
     quants = sorted({peer.parse_way(w)[1] for w in ways if peer.is_peer(w) and not peer.missing(w)})
     if quants:
@@ -307,8 +322,8 @@ def main() -> None:
           f"in on this CPU:")
     print("\n".join(memory_line(row) for row in rows if row["available"]))
     print("\n".join(f"{label(row)}: {row['weights_reason']}" for row in rows if row.get("weights_reason")))
-    kernels = {"aten": "ATen's mat-vec", "onednn": "oneDNN's mat-vec"}
-    dense = [f"{label(row)} on {kernels[row['matvec']]}" for row in rows
+    matvec_names = {"aten": "ATen's mat-vec", "onednn": "oneDNN's mat-vec"}
+    dense = [f"{label(row)} on {matvec_names[row['matvec']]}" for row in rows
              if row.get("matvec") and not row.get("weights_reason")]
     if dense:
         print(f"a decode step's one-row linears: {'; '.join(dense)}")
@@ -328,7 +343,7 @@ def main() -> None:
                            matvec_gb_s=kernels, matvec_streamed_gb_s=streamed, onednn_against_aten_ms=kept,
                            matvec_bits_apart=apart, rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)
-    chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
+    chart_path = args.chart or (args.json and str(Path(args.json).with_suffix(".png")))
     if chart_path:
         chart(rows, chart_path)
 

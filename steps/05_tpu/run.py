@@ -6,8 +6,10 @@ usage: python run.py [--model DIR] [--emb4 DIR] [--device auto|tpu|cuda|cpu] [--
 Each way runs in a fresh process; a way this device does not have (fused, off a TPU) is reported n/a, with why.
 """
 import argparse
+import shutil
 import sys
 
+from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import cli, prompting, records
 from torchtpu_ways import prompt, tpu
 from torchtpu_ways.report import identity_lines, table
@@ -23,13 +25,17 @@ def main() -> None:
     ap.add_argument("--compile-python", metavar="PATH", default=sys.executable,
                     help="the interpreter for the Python ways (another torch, e.g. 2.14.1; needs this package)")
     ap.add_argument("--prompt", default=prompt.PROMPT)
-    args = cli.resolve(ap.parse_args())
+    args = ap.parse_args()
     ways = args.ways.split(",")
     if bad := [w for w in ways if w not in WAYS]:
         ap.error(f"--ways: unknown {', '.join(bad)}; choose from {', '.join(WAYS)}")
     if args.max_new < 1 or args.repeat < 1:
         ap.error("--max-new and --repeat must be at least 1")
-    device = tpu.choose_device(args.device)
+    if not shutil.which(args.compile_python):
+        ap.error(f"--compile-python {args.compile_python}: not an executable (a Python with torch and this package)")
+    refuse_missing_folder(ap, "--json", args.json)
+    args = cli.resolve(args)
+    device = tpu.choose_device_in_child(args.device)
     ids = prompt.encode(args.model, args.prompt)
     answer = prompt.expected(args.model, args.prompt)  # None for a prompt of your own
     print(f"{len(ids)}-token prompt, {args.max_new} greedy tokens, {args.dtype}, ctx {args.ctx}, on {device}; "

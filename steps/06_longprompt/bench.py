@@ -11,18 +11,20 @@ each length the ways take turns, `--repeats` times, and each figure is the media
 """
 import argparse
 import statistics
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from torchtpu_longprompt import build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import DEFAULT_WAYS, measure, verdict
+from torchtpu_longprompt import ARTICLE_FRACTIONS, build_prompt, default_lengths, shortest
+from torchtpu_longprompt.measure import DEFAULT_WAYS, WAYS_HELP, measure, unknown_ways, verdict
+from torchtpu_parity.flags import positive_ints, refuse_missing_folder
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
-from torchtpu_ways.ways import NAMES, OPTIONAL, WAYS
+from torchtpu_ways.ways import NAMES
 from transformers import AutoTokenizer
 
 DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in it too
@@ -145,17 +147,27 @@ def chart(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="e2b", choices=["e2b", "tiny"], help="which random checkpoint")
-    ap.add_argument("--ways", default=DEFAULT_WAYS,
-                    help=f"from {', '.join(WAYS + OPTIONAL)} (rust-int4: step 07's, when installed)")
-    ap.add_argument("--lengths", help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
+    ap.add_argument("--ways", default=DEFAULT_WAYS, help=WAYS_HELP)
+    ap.add_argument("--lengths", type=positive_ints,
+                    help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
-    ap.add_argument("--repeats", default="3,3,1",
+    ap.add_argument("--repeats", type=positive_ints, default="3,3,1",
                     help="runs per way at each length (one count, or one per length; the 32k read takes minutes)")
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--chart", metavar="PNG", help="write the plot here (default: beside --json)")
     args = ap.parse_args()
+    if bad := unknown_ways(args.ways):
+        ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
+    n_lengths = len(args.lengths) if args.lengths else len(ARTICLE_FRACTIONS)
+    repeats = args.repeats * n_lengths if len(args.repeats) == 1 else args.repeats
+    if len(repeats) != n_lengths:
+        ap.error(f"--repeats {','.join(map(str, args.repeats))}: one count, or one per length ({n_lengths})")
+    if args.max_new < 2:  # the prompt's read yields the first token; decode's speed needs a step after it
+        ap.error(f"--max-new {args.max_new}: at least 2 (the first token comes from the prompt's read)")
+    refuse_missing_folder(ap, "--json", args.json)
+    refuse_missing_folder(ap, "--chart", args.chart)
 
     folder = checkpoints.cached(args.size)
     model, emb4 = folder / "text", folder / "emb4"
@@ -163,13 +175,11 @@ def main() -> None:
     device = devices.choose_device(args.device)
     tokenizer = AutoTokenizer.from_pretrained(model)
     text = prompting.text_config(model)
-    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
-               else default_lengths(ctx, shortest(tokenizer, args.seed)))
-    repeats = [int(x) for x in args.repeats.split(",")]
-    if len(repeats) == 1:
-        repeats *= len(lengths)
-    if len(repeats) != len(lengths) or min(repeats) < 1:
-        ap.error(f"--repeats {args.repeats}: one count >= 1, or one per length ({len(lengths)})")
+    one = shortest(tokenizer, args.seed)
+    if too_short := [n for n in args.lengths or [] if n < one]:
+        ap.error(f"--lengths: {', '.join(map(str, too_short))} below {one}, the smallest prompt (one record and the "
+                 "question)")
+    lengths = args.lengths or default_lengths(ctx, one)
     linear = linear_weights(model)
     rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
     bandwidth = memory_bandwidth_gb_s()
@@ -226,7 +236,7 @@ def main() -> None:
                            max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate,
                            linear_weights=linear, bandwidth_gb_s=bandwidth,
                            rows=rows, targets=checks)
-    chart_path = args.chart or (args.json and args.json.rsplit(".", 1)[0] + ".png")
+    chart_path = args.chart or (args.json and str(Path(args.json).with_suffix(".png")))
     if chart_path:
         chart(rows, chart_path)
 

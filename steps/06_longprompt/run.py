@@ -9,25 +9,35 @@ import argparse
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, line, measure, verdict
-from torchtpu_rs import cli, devices, prompting, records
-from torchtpu_ways.ways import OPTIONAL, WAYS
+from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, WAYS_HELP, line, measure, unknown_ways, verdict
+from torchtpu_parity.flags import positive_ints, refuse_missing_folder
+from torchtpu_rs import cli, prompting, records
+from torchtpu_ways import tpu
 from transformers import AutoTokenizer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_engine_args(ap)
-    ap.add_argument("--ways", default=DEFAULT_WAYS,
-                    help=f"comma-separated, from {', '.join(WAYS + OPTIONAL)} (rust-int4: step 07's, when installed)")
-    ap.add_argument("--lengths", help="prompt lengths in tokens, comma-separated (default: see above)")
+    ap.add_argument("--ways", default=DEFAULT_WAYS, help=WAYS_HELP)
+    ap.add_argument("--lengths", type=positive_ints,
+                    help="prompt lengths in tokens, comma-separated (default: see above)")
     ap.add_argument("--max-new", type=int, default=12, help="tokens to generate: enough for a six-digit code")
     ap.add_argument("--seed", type=int, default=0, help="seeds the codes and the record asked about")
-    args = cli.resolve(ap.parse_args())
-    device = devices.choose_device(args.device)
+    args = ap.parse_args()
+    if bad := unknown_ways(args.ways):
+        ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
+    if args.max_new < 1:
+        ap.error(f"--max-new {args.max_new}: at least 1")
+    refuse_missing_folder(ap, "--json", args.json)
+    args = cli.resolve(args)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
-               else default_lengths(args.ctx, shortest(tokenizer, args.seed)))
+    one = shortest(tokenizer, args.seed)
+    if too_short := [n for n in args.lengths or [] if n < one]:
+        ap.error(f"--lengths: {', '.join(map(str, too_short))} below {one}, the smallest prompt (one record and the "
+                 "question)")
+    lengths = args.lengths or default_lengths(args.ctx, one)
+    device = tpu.choose_device_in_child(args.device)  # the parent never opens the chip: the ways each need it
 
     stop = prompting.eos_ids(args.model)  # the answer ends where the model ends it
     print(HEADER)

@@ -31,7 +31,10 @@ UV = shutil.which("uv", path=os.pathsep.join([sysconfig.get_path("scripts"), os.
 # Copies run side by side (COPY_JOBS=1: one after another), the cores shared out among them: torch's threads
 # (OpenMP's) each wait for the slowest of them, and more threads than cores made a tiny model's tests many times
 # slower. A copy's own tests are mostly one Python thread at a time, so two copies at once keep two cores busy.
-JOBS = int(os.environ.get("COPY_JOBS", "2"))
+JOBS_TEXT = os.environ.get("COPY_JOBS", "2")
+if not JOBS_TEXT.strip().isdecimal() or int(JOBS_TEXT) < 1:
+    raise pytest.UsageError(f"COPY_JOBS={JOBS_TEXT!r}: how many copies run at a time, a whole number of at least 1")
+JOBS = int(JOBS_TEXT)
 THREADS = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // JOBS))
 
 
@@ -104,7 +107,10 @@ def copy_and_test(step: str, wheels: Wheels, folder: Path) -> tuple[subprocess.C
     start = time.perf_counter()
     work = folder / "project"
     for s in [*needs(step), step]:
-        shutil.copytree(ROOT / "steps" / s, work / s, ignore=shutil.ignore_patterns("__pycache__", "target"))
+        # not what a build here left (cargo's target, setuptools' build/ and egg-info): setuptools would package a
+        # stale build/lib copy into the wheel
+        shutil.copytree(ROOT / "steps" / s, work / s,
+                        ignore=shutil.ignore_patterns("__pycache__", "target", "build", "*.egg-info"))
     venv = folder / "venv"
     pins = {torch_pin(s) for s in STEPS}
     assert len(pins) == 1, f"the steps pin different torch releases: {sorted(pins)}"

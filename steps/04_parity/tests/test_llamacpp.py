@@ -1,7 +1,11 @@
 """llama.cpp, the second reference: the ways are named and found, the stand-in vocabulary names every id, and —
 where `make peer` has built it — llama.cpp's greedy tokens from ids equal the engine's on the trained model."""
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from torchtpu_rs import checkpoints, prompting
 from transformers import AutoTokenizer
 
 NO_PEER = peer.missing("llamacpp-bf16")
+LLAMACPP = Path(__file__).resolve().parents[1] / "llamacpp.py"
 
 
 def test_a_way_names_its_build_format_and_repacking():
@@ -30,6 +35,18 @@ def test_without_make_peer_a_way_says_what_to_run(tmp_path, monkeypatch):
     assert "make peer" in peer.missing("llamacpp-q4_0")
     with pytest.raises(FileNotFoundError, match="make peer"):
         peer.converter()
+
+
+def test_llamacpp_py_without_the_peer_says_so_and_records_only_that(tmp_path):
+    """With an empty cache (no build there) the script says why, the command to run, and records nothing else."""
+    out = tmp_path / "llamacpp.json"
+    proc = subprocess.run([sys.executable, str(LLAMACPP), "--device", "cpu", "--json", str(out)],
+                          env={**os.environ, "GEMMA4_CACHE": str(tmp_path / "empty")}, capture_output=True, text=True)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.startswith("llama.cpp is not available here: ") and "make peer" in proc.stdout
+    record = json.loads(out.read_text())
+    assert record["available"] is False and "make peer" in record["why"]
+    assert set(record) == {"meta", "model", "available", "why"}
 
 
 def test_the_stand_in_vocabulary_keeps_every_id_and_its_string():

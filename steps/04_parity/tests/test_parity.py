@@ -126,6 +126,19 @@ def test_the_plant_fault_demo_names_the_layer():
     assert "first layer past tolerance: after layer 6" in proc.stdout
 
 
+@pytest.mark.parametrize("flags, error", [
+    (["--plant-fault", "99"], "--plant-fault 99: "),  # the trained model's layers: 0 to its count - 1
+    (["--plant-fault", "-1"], "--plant-fault -1: "),
+    (["--prompt-len", "0"], "--prompt-len 0: at least 1"),
+    (["--max-new", "0"], "--max-new 0: at least 1"),
+    (["--json", "/no/such/folder/parity.json"], "--json /no/such/folder/parity.json: the folder"),
+])
+def test_bad_flags_are_refused_before_any_copy_or_load(flags, error):
+    proc = subprocess.run([sys.executable, str(RUN), *flags], capture_output=True, text=True)
+    assert proc.returncode == 2 and error in proc.stderr and "Traceback" not in proc.stderr
+    assert "planted a fault" not in proc.stdout and "load" not in proc.stdout
+
+
 def test_the_default_model_answers_and_a_planted_fault_changes_the_answer(tmp_path):
     """On the trained default model the prompt has a right answer; the fault makes the engine miss it."""
     answers = {}

@@ -10,7 +10,6 @@ from the same ids, with llama.cpp's weight repacking off: its plain CPU kernels,
 (on an AMX Xeon its repacked Q4_0/Q8_0 path crashes in 0.3.36; step 05's bench records that).
 """
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,20 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from . import peer, to_gguf
+from .child_env import source_first
 
-QUANTS = ("bf16", "q8_0", "q4_0")
 
-
-def llama_runs(model_dir, prompts: list[list[int]], max_new: int, ctx: int, quants=QUANTS) -> dict:
+def llama_runs(model_dir, prompts: list[list[int]], max_new: int, ctx: int, quants=peer.QUANTS) -> dict:
     """{quant: {"tokens": per prompt, "logits": float32 [prompts, vocab] of each first token, "system_info"}}.
     RuntimeError naming the GGUF when llama.cpp fails; FileNotFoundError when the peer is not built."""
     if why := peer.missing("llamacpp-bf16"):
         raise FileNotFoundError(why)
     files = to_gguf.ggufs(model_dir, list(quants))
-    env = peer.env("llamacpp-bf16")
-    source = Path(__file__).resolve().parents[1]  # this copy of the package, when it runs from its folder
-    if (source / "pyproject.toml").is_file():
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source), env.get("PYTHONPATH")) if p)
+    env = source_first(peer.env("llamacpp-bf16"), __file__)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="torchtpu-llama-") as tmp:
         ids = Path(tmp) / "prompts.json"

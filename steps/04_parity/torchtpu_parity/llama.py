@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -84,7 +85,6 @@ def threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description="llama.cpp's greedy tokens and first logits for prompts of ids")
     ap.add_argument("--gguf", required=True)
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="OUT.json: tokens per prompt; OUT.npy: first logits per prompt")
     args = ap.parse_args()
     peer = Peer(args.gguf, args.ctx, args.repack, threads())
-    prompts = json.loads(open(args.prompts).read())
+    prompts = json.loads(Path(args.prompts).read_text())
     tokens = [peer.generate(ids, args.max_new)[0] for ids in prompts]
     np.save(args.out.removesuffix(".json") + ".npy", np.stack([peer.first_logits(ids) for ids in prompts]))
     with open(args.out, "w") as f:

@@ -21,6 +21,7 @@ VERSION = "0.3.36"  # the pinned llama-cpp-python (tools/peer.sh)
 QUANTS = ("q4_0", "q8_0", "bf16")
 BUILDS = ("native", "avx512", "avx2")
 PREFIX = "llamacpp-"
+WAY_FORM = f"llamacpp[-avx512|-avx2]-<{'|'.join(QUANTS)}>[-norepack]"  # how a llama.cpp way is spelled
 MAKE_PEER = "run `make peer` (builds llama.cpp from PyPI's llama-cpp-python source, 6-12 minutes a build on 2 cores)"
 
 
@@ -41,7 +42,7 @@ def parse_way(way: str) -> tuple[str, str, bool]:
     repack = not (parts and parts[-1] == "norepack")
     parts = parts[:-1] if not repack else parts
     if len(parts) != 1 or parts[0] not in QUANTS:
-        raise ValueError(f"way {way!r}: a llama.cpp way is llamacpp[-avx512|-avx2]-<{'|'.join(QUANTS)}>[-norepack]")
+        raise ValueError(f"way {way!r}: a llama.cpp way is {WAY_FORM}")
     return build, parts[0], repack
 
 

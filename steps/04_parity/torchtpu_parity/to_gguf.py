@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from . import peer
+from .child_env import source_first
 
 CONTROL, NORMAL, UNUSED = 3, 1, 5  # gguf.TokenType, as sentencepiece numbers them
 # llama.cpp's file types (enum llama_ftype): the quantizer's targets
@@ -71,9 +72,7 @@ def folder_for(model_dir) -> Path:
 
 def run_child(*args: str, lib: str | None = None) -> None:
     """`python -m torchtpu_parity.to_gguf ARGS` in a fresh process (this package importable there too)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
-                                                    env.get("PYTHONPATH")) if p)
+    env = source_first(dict(os.environ), __file__)
     if lib:
         env["LLAMA_CPP_LIB_PATH"] = lib
     proc = subprocess.run([sys.executable, "-m", "torchtpu_parity.to_gguf", *args], env=env,

@@ -1,8 +1,11 @@
 """`make bench`'s arithmetic for step 05: the keys and values a decode step reads, the memory line, the targets.
 (The benchmark itself runs at E2B size only: `make bench`.)"""
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
+import pytest
 from torchtpu_ways import bandwidth
 from torchtpu_ways.checkpoint import TextConfig
 
@@ -58,3 +61,53 @@ def test_int4_targets_appear_only_when_its_way_ran():
                                                                {"rust-eager": eager, "rust-int4": int4})}
     assert checks["Rust int4 decode / Rust eager decode"] == 3.0 and checks["  the same at the short context"] == 3.0
     assert checks["Rust int4 peak memory, GB"] == 3.0
+
+
+@pytest.fixture
+def small_bench(tiny, monkeypatch):
+    """bench.main on the tiny checkpoint, its machine-wide measurements made small or stubbed (the E2B ones take
+    minutes): `run(*flags)` runs it with those flags."""
+    matvec = bench.matvec_gb_s
+    monkeypatch.setattr(bench.checkpoints, "e2b", lambda: tiny)
+    monkeypatch.setattr(bench, "matvec_gb_s", lambda streamed_gb=0.0: matvec(
+        n=128, k=64, tries=1, calls=2, streamed_gb=streamed_gb / 1e4))  # a few 16 KB copies, streamed
+    monkeypatch.setattr(bench, "memory_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(bench, "onednn_against_aten_ms", lambda: {"prompt chunk": {"oneDNN": 1.0, "ATen": 2.0}})
+    monkeypatch.setattr(bench, "matvec_bits_apart", lambda: 0)
+
+    def run(*flags):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *flags])
+        bench.main()
+    return run
+
+
+def test_the_record_holds_the_measured_mat_vec_rates_and_the_chart_lies_beside_it(small_bench, tmp_path):
+    """Only rust-fused, n/a off a TPU (no process starts): the record's mat-vec figures are the rates measured (once
+    they were a table of the kernels' names), and the chart is the record's name with .png, whatever dots its
+    folder's name has."""
+    out = tmp_path / "runs.v1" / "record"
+    out.parent.mkdir()
+    small_bench("--ways", "rust-fused", "--max-new", "4", "--json", str(out))
+    record = json.loads(out.read_text())
+    for rates in (record["matvec_gb_s"], record["matvec_streamed_gb_s"]):
+        assert {"bf16 oneDNN", "bf16 ATen", "int4 ATen"} <= set(rates)
+        assert all(isinstance(rate, float) and rate > 0 for rate in rates.values()), rates
+    assert (out.parent / "record.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--ways", "rust-eager,rust-int5"], "--ways: unknown rust-int5"),
+    (["--repeat", "0"], "--repeat 0: at least 1"),
+    (["--max-new", "1"], "--max-new 1: at least 2"),
+    (["--short-ctx", "-1"], "--short-ctx -1"),
+    (["--json", "/no/such/folder/record.json"], "--json /no/such/folder/record.json: the folder"),
+    (["--chart", "/no/such/folder/chart.png"], "--chart /no/such/folder/chart.png: the folder"),
+])
+def test_bad_flags_are_refused_before_the_checkpoint_is_made(monkeypatch, capsys, flags, error):
+    def made():
+        raise AssertionError("the checkpoint was asked for")
+    monkeypatch.setattr(bench.checkpoints, "e2b", made)
+    monkeypatch.setattr(sys, "argv", ["bench.py", *flags])
+    with pytest.raises(SystemExit) as stop:
+        bench.main()
+    assert stop.value.code == 2 and error in capsys.readouterr().err

@@ -73,4 +73,4 @@ def test_a_llama_cpp_way_runs_like_the_others_on_the_trained_model(way, cold):
     assert row["streamed_tok_s"] > 0 and row["read_tok_s"] > 0 and row["peak_gb"] > 0
     # one row of each table read per token, the rest whole: less than the file, more than its linears
     assert 0 < row["bytes_per_token"] < row["memory"]["weights as stored"]
-    assert json.dumps(row)  # a row goes into the record as it is
+    assert json.loads(json.dumps(row)) == row  # a row goes into the record as it is

@@ -102,6 +102,16 @@ def test_the_printed_table_and_float32_tokens_agree(recorded):
     assert record["identical"] == lines[header + 5:header + 7]
 
 
+@pytest.mark.parametrize("flags, error", [
+    (["--compile-python", "/no/such/python"], "--compile-python /no/such/python: not an executable"),
+    (["--ways", "rust-eager,rust-fast"], "--ways: unknown rust-fast"),
+    (["--json", "/no/such/folder/a.json"], "--json /no/such/folder/a.json: the folder"),
+])
+def test_bad_flags_are_refused_at_once(flags, error):
+    proc = subprocess.run([sys.executable, str(STEP / "run.py"), *flags], capture_output=True, text=True)
+    assert proc.returncode == 2 and error in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_run_way_refuses_fused_off_a_tpu_without_starting_a_process(tiny):
     row = run_way("rust-fused", tiny / "text", None, "cpu", "bfloat16", 64, [2, 3], 4, python="/nonexistent")
     assert row["available"] is False and row["load_s"] is None

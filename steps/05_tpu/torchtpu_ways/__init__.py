@@ -2,13 +2,13 @@
 
 `baseline.Baseline`: Gemma 4 in plain PyTorch with the Rust engine's design (same files, stored weights, ring
 caches), eager or `torch.compile`d. `ways.run_way`: one way (rust-fused, rust-eager, python-compile,
-python-eager, and llama.cpp's, `peer`) in a fresh process, and what it measured. TorchTPU-specific code lives in
-`tpu`. The names below are imported when first used: the llama.cpp way's process (`peer_worker`) imports this
-package but not torch.
+python-eager, step 07's rust-int4 when installed, and llama.cpp's through `peer_run`) in a fresh process, and
+what it measured. TorchTPU-specific code lives in `tpu`. The names below are imported when first used: the
+llama.cpp way's process (`peer_worker`) imports this package but not torch.
 """
 import importlib
 
-_WHERE = {"Baseline": "baseline", "dynamo_counts": "compiling", "WAYS": "ways", "run_way": "ways"}
+_WHERE = {"Baseline": "baseline", "dynamo_counts": "compiling", "WAYS": "way_names", "run_way": "ways"}
 __all__ = list(_WHERE)
 
 
@@ -16,5 +16,5 @@ def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'torchtpu_ways' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    globals()[name] = value  # kept, and over the submodule the import just bound to the same name (`compare`)
+    globals()[name] = value  # kept: the next use finds it without coming here
     return value

@@ -292,11 +292,11 @@ def attention_dtype_default(dtype: torch.dtype, device) -> torch.dtype:
 
 class Slots:
     """Where one pass's tokens go in the caches of one attention kind, and what its queries may see: `written`
-    (int64 [tokens], each token's slot), `seen` (the queries attend over a cache's first `seen` slots) and `masked`
-    (bool [tokens, seen], true where a query must not see a slot)."""
+    (int64 [tokens], each token's slot), `seen_slots` (the queries attend over a cache's first `seen_slots`
+    slots) and `masked` (bool [tokens, seen_slots], true where a query must not see a slot)."""
 
-    def __init__(self, written: torch.Tensor, seen: int, masked: torch.Tensor):
-        self.written, self.seen, self.masked = written, seen, masked
+    def __init__(self, written: torch.Tensor, seen_slots: int, masked: torch.Tensor):
+        self.written, self.seen_slots, self.masked = written, seen_slots, masked
 
 
 # --8<-- [start:cache]
@@ -339,12 +339,12 @@ class Cache:
         for full, positions in self.positions.items():
             written = pos % positions.shape[0]
             positions.index_copy_(0, written, pos)
-            seen = full_slots if full else positions.shape[0]
-            key = positions[:seen]
+            seen_slots = full_slots if full else positions.shape[0]
+            key = positions[:seen_slots]
             visible = (key >= 0) & (key <= query)
             if not full:  # key k is visible to query q iff q - window < k <= q
                 visible = visible & (key > query - self.window)
-            placed[full] = Slots(written, seen, ~visible)
+            placed[full] = Slots(written, seen_slots, ~visible)
         return placed
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -356,7 +356,7 @@ class Cache:
     def seen(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """The slots of `layer`'s cache its queries attend over: (keys, values)."""
         keys, values = self.layers[layer]
-        return keys[:, :slots.seen], values[:, :slots.seen]
+        return keys[:, :slots.seen_slots], values[:, :slots.seen_slots]
 # --8<-- [end:cache]
 
 

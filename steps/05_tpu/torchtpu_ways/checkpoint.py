@@ -17,9 +17,7 @@ class TextConfig:
 
     def __init__(self, text: dict):
         self.hidden_size = text["hidden_size"]
-        self.intermediate_size = text["intermediate_size"]
         self.num_hidden_layers = text["num_hidden_layers"]
-        self.num_attention_heads = text["num_attention_heads"]
         self.num_key_value_heads = text["num_key_value_heads"]
         self.head_dim = text["head_dim"]
         # Transformers defaults a missing global_head_dim to 512; so does the Rust engine
@@ -28,7 +26,6 @@ class TextConfig:
         self.vocab_size = text["vocab_size"]
         self.vocab_size_per_layer_input = text["vocab_size_per_layer_input"]
         self.num_kv_shared_layers = text.get("num_kv_shared_layers", 0)
-        self.use_double_wide_mlp = text.get("use_double_wide_mlp", False)
         self.sliding_window = text["sliding_window"]
         self.max_position_embeddings = text["max_position_embeddings"]
         self.rms_norm_eps = text["rms_norm_eps"]

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from torchtpu_parity import peer, to_gguf
+from torchtpu_parity.child_env import source_first
 from torchtpu_rs import records
 
 
@@ -69,10 +70,7 @@ def run(way: str, model, ctx: int, ids: list[int], max_new: int, stop: list[int]
         cmd = [sys.executable, "-m", "torchtpu_ways.peer_worker", "--way", way, "--gguf", str(gguf), "--ctx", str(ctx),
                "--ids", str(prompt), "--max-new", str(max_new), "--out", str(out), "--cold", cold,
                *(["--stop", ",".join(map(str, stop))] if stop else [])]
-        env = peer.env(way)
-        source = Path(__file__).resolve().parents[1]  # this copy of the package, as ways.worker_env does
-        if (source / "pyproject.toml").is_file():
-            env["PYTHONPATH"] = ":".join(p for p in (str(source), env.get("PYTHONPATH")) if p)
+        env = source_first(peer.env(way), __file__)  # this copy of the package, as ways.worker_env does
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise PeerUnavailable(crash_why(proc))

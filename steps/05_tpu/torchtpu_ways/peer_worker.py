@@ -1,17 +1,19 @@
 """One llama.cpp way, run in this (fresh) process: `python -m torchtpu_ways.peer_worker --way W --gguf F ...`.
 
-`ways.run_way` starts it with `LLAMA_CPP_LIB_PATH` set to the way's build (peer.env). It measures what worker.py
-measures for the engine, the same way: load (timed), then a cold run, a warm run whose prompt read and decode are
-timed, from the same token ids, greedy (argmax of the last logits; llama.cpp's tokenizer and samplers are never
-used): step 04's torchtpu_parity.llama.Peer, llama.cpp's C API and no torch in this process, so its peak memory
-is llama.cpp's own (and the Python around it). Each token reaches the host as it is made, so there is no separate
-"in batches" figure. With `--cold prefix` the cold run reads only the prompt's first batch: llama.cpp compiles
-nothing, and one batch touches every mapped weight, so a 32,761-token prompt is read once, not twice.
+`peer_run.run` starts it (for `ways.run_way`) with `LLAMA_CPP_LIB_PATH` set to the way's build (peer.env). It
+measures what worker.py measures for the engine, the same way: load (timed), then a cold run, a warm run whose
+prompt read and decode are timed, from the same token ids, greedy (argmax of the last logits; llama.cpp's
+tokenizer and samplers are never used): step 04's torchtpu_parity.llama.Peer, llama.cpp's C API and no torch in
+this process, so its peak memory is llama.cpp's own (and the Python around it). Each token reaches the host as
+it is made, so there is no separate "in batches" figure. With `--cold prefix` the cold run reads only the
+prompt's first batch: llama.cpp compiles nothing, and one batch touches every mapped weight, so a 32,761-token
+prompt is read once, not twice.
 """
 import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 from torchtpu_parity.llama import Peer, peak_bytes, threads
 from torchtpu_parity.peer import parse_way
@@ -19,7 +21,7 @@ from torchtpu_parity.peer import parse_way
 
 def measure(args: argparse.Namespace) -> dict:
     build, quant, repack = parse_way(args.way)
-    ids = json.loads(open(args.ids).read())
+    ids = json.loads(Path(args.ids).read_text())
     start = time.perf_counter()
     peer = Peer(args.gguf, args.ctx, repack, threads())
     load_s = time.perf_counter() - start

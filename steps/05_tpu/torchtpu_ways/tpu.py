@@ -19,10 +19,11 @@ def is_tpu(device: str) -> bool:
     return device.split(":")[0] == "tpu"
 
 
-def choose_device(name: str) -> str:
-    """`torchtpu_rs.devices.choose_device(name)` asked in a short-lived process. On a TPU VM the process that
-    opens the chip holds it; the ways each need it in their own process, so the parent never opens it itself.
-    (Whether importing torch alone opens the chip is not known here; asking for the device count may.)"""
+def choose_device_in_child(name: str) -> str:
+    """`torchtpu_rs.devices.choose_device(name)` asked in a short-lived process, its answer as a device name. On a
+    TPU VM the process that opens the chip holds it; the ways each need it in their own process, so the parent
+    never opens it itself. (Whether importing torch alone opens the chip is not known here; asking for the device
+    count may.)"""
     ask = "import sys; from torchtpu_rs import devices; print(devices.choose_device(sys.argv[1]))"
     out = subprocess.run([sys.executable, "-c", ask, name], capture_output=True, text=True)
     if out.returncode != 0:  # choose_device ends the process with a message when the device is not here

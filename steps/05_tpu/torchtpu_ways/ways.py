@@ -15,16 +15,14 @@ import tempfile
 from pathlib import Path
 
 from torchtpu_parity import peer
+from torchtpu_parity.child_env import source_first
 
 from . import tpu
+from .way_names import OPTIONAL, WAYS  # the engine's and the baseline's ways (worker.py); OPTIONAL: later steps'
 
-WAYS = ["rust-fused", "rust-eager", "python-compile", "python-eager"]
 NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile": "Python compile",
          "python-eager": "Python eager", "rust-int4": "Rust int4", "rust-int4-aten": "Rust int4 ATen"}
-# Ways of later steps, run only when asked for: "rust-int4" is step 07's engine (torchtpu_int4), linears 4-bit,
-# multiplied by the kernel it picks for this CPU; "rust-int4-aten" the same with ATen's int4 kernel, to compare.
-OPTIONAL = ["rust-int4", "rust-int4-aten"]
-# llama.cpp, the peer (peer.py): `llamacpp[-avx512|-avx2]-<q4_0|q8_0|bf16>[-norepack]`, run only when asked for
+# llama.cpp, the peer (peer.py): every way of the form peer.WAY_FORM, run only when asked for
 PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx512-", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
@@ -45,10 +43,7 @@ def worker_env(way: str, python: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != tpu.FUSED_ENV}
     if way == "rust-fused":
         env[tpu.FUSED_ENV] = "1"
-    source = Path(__file__).resolve().parents[1]
-    if python == sys.executable and (source / "pyproject.toml").is_file():
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source), env.get("PYTHONPATH")) if p)
-    return env
+    return source_first(env, __file__) if python == sys.executable else env
 
 
 # --8<-- [start:run_way]
@@ -62,8 +57,7 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
     same chunk shapes (long prompts: one full read, not two); `stop`: ids that end generation early (the
     checkpoint's eos ids), None for exactly `max_new` tokens."""
     if way not in WAYS + OPTIONAL + PEER:
-        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: "
-                         "llamacpp[-avx512|-avx2]-<q4_0|q8_0|bf16>[-norepack]")
+        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: {peer.WAY_FORM}")
     if peer.is_peer(way):  # its own process and worker (peer_run); a crash there is a row, not an error
         from .peer_run import PeerUnavailable, run
 

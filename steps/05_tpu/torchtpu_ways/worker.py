@@ -1,11 +1,12 @@
 """One way, run in this (fresh) process: `python -m torchtpu_ways.worker --way W ... --ids IDS.json --out OUT.json`.
 
-`ways.run_way` starts it; it loads the model (timed), generates three times and writes what it measured as JSON:
-a cold run with tokens read every step (`first_s`: the time to the first token, compiling included), then warm
-runs with tokens read every step (`streamed_tok_s`, `read_s`) and every 8 steps (`batched_tok_s`). With
-`--cold prefix` the cold run reads only the shortest prefix of the prompt that has the same chunk shapes, which
-compiles the same graphs: a 32,000-token prompt is then read about one and a half times, not twice. The Python
-ways import nothing from the Rust engine, so they can run under another interpreter and torch.
+`ways.run_way` starts it; it loads the model (timed), generates three times (twice with `--no-batched`) and
+writes what it measured as JSON: a cold run with tokens read every step (`first_s`: the time to the first token,
+compiling included), then warm runs with tokens read every step (`streamed_tok_s`, `read_s`) and, unless
+`--no-batched`, every 8 steps (`batched_tok_s`). With `--cold prefix` the cold run reads only the shortest
+prefix of the prompt that has the same chunk shapes, which compiles the same graphs: a 32,000-token prompt is
+then read about one and a half times, not twice. The Python ways import nothing from the Rust engine, so they
+can run under another interpreter and torch.
 """
 import argparse
 import json
@@ -17,6 +18,7 @@ import torch
 
 from .compiling import chunk_shapes
 from .memory import PeakMemory
+from .way_names import OPTIONAL, WAYS
 
 BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
 
@@ -55,7 +57,7 @@ def tok_s(tokens: int, seconds: float) -> float | None:
 
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
-    ids = json.loads(open(args.ids).read())
+    ids = json.loads(Path(args.ids).read_text())
     if args.way.startswith("rust-int4"):
         import torchtpu_int4
 
@@ -102,9 +104,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--way", required=True,
-                    choices=["rust-fused", "rust-eager", "python-compile", "python-eager", "rust-int4",
-                             "rust-int4-aten"])
+    ap.add_argument("--way", required=True, choices=WAYS + OPTIONAL)
     ap.add_argument("--model", required=True)
     ap.add_argument("--emb4")
     ap.add_argument("--device", required=True, help="a device name: cpu, cuda:0, tpu:0")

@@ -122,3 +122,34 @@ def test_a_way_s_runs_become_one_row_of_medians():
     median = bench.median_of(runs)
     assert (median["read_tok_s"], median["decode_tok_s"], median["read_s"]) == (20.0, 2.0, 2.0)
     assert median["runs"] == 3 and median["read_tok_s_runs"] == [10.0, 30.0, 20.0] and median["answer"] == "10.0"
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--lengths", "40,-1"], "argument --lengths: '-1': not a whole number of at least 1"),
+    (["--repeats", "2,1"], "--repeats 2,1: one count, or one per length (3)"),
+    (["--lengths", "40", "--repeats", "2,1"], "--repeats 2,1: one count, or one per length (1)"),
+    (["--ways", "rust-eager,rust-int5"], "--ways: unknown rust-int5"),
+    (["--max-new", "1"], "--max-new 1: at least 2"),
+    (["--chart", "/no/such/folder/bench.png"], "--chart /no/such/folder/bench.png: the folder"),
+])
+def test_bad_flags_are_refused_before_the_checkpoint_is_made(monkeypatch, capsys, flags, error):
+    monkeypatch.setattr(bench.checkpoints, "cached", lambda size: pytest.fail("the checkpoint was asked for"))
+    monkeypatch.setattr(sys, "argv", ["bench.py", *flags])
+    with pytest.raises(SystemExit) as stop:
+        bench.main()
+    assert stop.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_the_chart_is_named_after_the_record_whatever_dots_its_folder_has(monkeypatch, tmp_path):
+    """The tiny benchmark's run is the test above; here only where main() puts the chart by default."""
+    charts = []
+    monkeypatch.setattr(bench, "chart", lambda rows, path: charts.append(path))
+    monkeypatch.setattr(bench, "memory_bandwidth_gb_s", lambda: 10.0)  # a 2 GiB copy, 5 times: not needed here
+    monkeypatch.setattr(bench, "measure", lambda way, *a, **k: {"way": way, "label": way, "available": False,
+                                                                "why": "stubbed", "prompt_tokens": 40})
+    out = tmp_path / "runs.v1" / "record"
+    out.parent.mkdir()
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--size", "tiny", "--lengths", "40", "--repeats", "1",
+                                      "--ways", "rust-eager", "--json", str(out)])
+    bench.main()
+    assert charts == [str(out.parent / "record.png")]

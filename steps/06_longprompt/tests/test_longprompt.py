@@ -100,3 +100,16 @@ def test_run_py_table_and_json(tmp_path):
             assert row["available"] is False and row["why"] and row["read_s"] is None
         else:
             assert row["available"] and row["read_s"] > 0 and row["read_tok_s"] > 0 and row["decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--lengths", "40,x,0"], "argument --lengths: 'x', '0': not a whole number of at least 1"),
+    (["--lengths", "40,3"], "--lengths: 3 below "),  # the smallest prompt: one record and the question
+    (["--ways", "rust-eager,llamacpp-q5_k"], "--ways: unknown llamacpp-q5_k"),
+    (["--max-new", "0"], "--max-new 0: at least 1"),
+    (["--json", "/no/such/folder/long.json"], "--json /no/such/folder/long.json: the folder"),
+])
+def test_run_py_refuses_bad_flags_before_any_way_runs(flags, error):
+    proc = subprocess.run([sys.executable, str(RUN), *flags], capture_output=True, text=True)
+    assert proc.returncode == 2 and error in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
