@@ -1,4 +1,7 @@
-"""A record's header says where it ran — and, when torch was told to use less of the CPU than it has, says so."""
+"""A record's header says where it ran — and, when torch was told to use less of the CPU than it has, says so; its
+JSON is written whole or not at all."""
+import json
+
 import pytest
 from torchtpu_rs import records
 
@@ -45,3 +48,14 @@ def test_the_header_names_the_bf16_matmul_hardware_torch_does_not(monkeypatch, f
 
 def test_cpuinfo_reads_this_machines_model_and_flags():
     assert records.cpu_model() != "unknown" and records._cpuinfo("flags")
+
+
+def test_write_json_leaves_the_old_file_when_it_cannot_write_the_new_one(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"old": true}')
+    with pytest.raises(TypeError):
+        records.write_json(str(path), "cpu", rows=[object()])  # JSON cannot hold it
+    assert path.read_text() == '{"old": true}' and list(tmp_path.iterdir()) == [path]
+    records.write_json(str(path), "cpu", rows=[1])
+    written = json.loads(path.read_text())
+    assert written["rows"] == [1] and written["meta"]["device"] and list(tmp_path.iterdir()) == [path]

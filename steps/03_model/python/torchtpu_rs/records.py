@@ -95,7 +95,13 @@ def env_prefix(variables: dict[str, str]) -> str:
 
 
 def write_json(path: str | None, device, **results) -> None:
-    """Write `results` plus the meta block to `path` (nothing when path is None)."""
+    """Write `results` plus the meta block to `path` (nothing when path is None): whole or not at all — written
+    beside it first, then renamed over it, so a run stopped (or a value JSON cannot hold) midway leaves the file
+    that was there."""
     if path:
-        with open(path, "w") as f:
-            json.dump({"meta": meta(device), **results}, f, indent=2)
+        partial = Path(f"{path}.partial")
+        try:
+            partial.write_text(json.dumps({"meta": meta(device), **results}, indent=2))
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
