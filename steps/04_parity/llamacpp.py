@@ -15,7 +15,6 @@ import torch  # first: the engine reuses the libtorch it loads
 import torchtpu_rs
 from torchtpu_parity import against_peer, peer
 from torchtpu_parity.compare import greedy
-from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import cli, prompting, records
 from torchtpu_rs.reference import transformers_model
 from transformers import AutoTokenizer
@@ -38,7 +37,6 @@ def main() -> None:
         ap.error("this comparison runs on the CPU: use --device cpu")
     if args.prompts < 1 or args.max_new < 1:
         ap.error("--prompts and --max-new must be at least 1")
-    refuse_missing_folder(ap, "--json", args.json)
     args.no_emb4 = True
     args = cli.resolve(args)
     if why := peer.missing("llamacpp-bf16"):

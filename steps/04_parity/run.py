@@ -15,7 +15,6 @@ import torch  # first: the engine reuses the libtorch it loads
 import torchtpu_rs
 from safetensors.torch import load_file, save_file
 from torchtpu_parity import compare
-from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import cli, prompting, records
 from torchtpu_rs.reference import transformers_model
 from transformers import AutoTokenizer
@@ -67,7 +66,6 @@ def main() -> None:
         ap.error(f"--prompt-len {args.prompt_len}: at least 1 (the <bos> token)")
     if args.max_new < 1:
         ap.error(f"--max-new {args.max_new}: at least 1")
-    refuse_missing_folder(ap, "--json", args.json)
     args = cli.resolve(args)
     reference_dir = args.reference_model or args.emb4 or args.model
     clean = args.model  # what the record names: a planted fault is recorded as planted_fault, not its temp folder

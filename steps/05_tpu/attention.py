@@ -16,8 +16,8 @@ import sys
 import time
 
 import torch
-from torchtpu_parity.flags import positive_ints, refuse_missing_folder
-from torchtpu_rs import records
+from torchtpu_parity.flags import positive_ints
+from torchtpu_rs import cli, records
 from torchtpu_ways.baseline import attend, attention_dtype_default
 
 HEADS, HEAD_DIM = 8, 512  # E2B's full-attention layers: 8 query heads over one KV head of 512
@@ -53,12 +53,11 @@ def main() -> None:
                     help="cache lengths to attend over, comma-separated")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per figure (the median is shown)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the CPU: what attention_dtype is about")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=cli.output_path)
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the AVX2 child
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: at least 1 (a median of no calls is none)")
-    refuse_missing_folder(ap, "--json", args.json)
     if args.measure_only:
         print(json.dumps(measure(args.slots, args.repeat)))
         return

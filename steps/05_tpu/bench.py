@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torchtpu_parity import peer
-from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import checkpoints, cli, devices, records
 from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways import prompt
@@ -236,8 +235,9 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--short-ctx", type=int, default=4096,
                     help="with step 07's way: Rust int4 and Rust eager again at this context (0: skip)")
-    ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--chart", metavar="PNG", help="write the bar chart here (default: beside --json)")
+    ap.add_argument("--json", metavar="PATH", type=cli.output_path)
+    ap.add_argument("--chart", metavar="PNG", type=cli.output_path,
+                    help="write the bar chart here (default: beside --json)")
     args = ap.parse_args()
     ways = args.ways.split(",")
     if bad := [w for w in ways if w not in WAYS + OPTIONAL + PEER]:
@@ -249,8 +249,6 @@ def main() -> None:
         ap.error(f"--max-new {args.max_new}: at least 2 (the first token comes from the prompt's read)")
     if args.short_ctx < 0:
         ap.error(f"--short-ctx {args.short_ctx}: a context length, or 0 to skip")
-    refuse_missing_folder(ap, "--json", args.json)
-    refuse_missing_folder(ap, "--chart", args.chart)
 
     folder = checkpoints.e2b()
     model, emb4 = folder / "text", folder / "emb4"

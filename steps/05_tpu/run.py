@@ -9,7 +9,6 @@ import argparse
 import shutil
 import sys
 
-from torchtpu_parity.flags import refuse_missing_folder
 from torchtpu_rs import cli, prompting, records
 from torchtpu_ways import prompt, tpu
 from torchtpu_ways.report import identity_lines, table
@@ -33,7 +32,6 @@ def main() -> None:
         ap.error("--max-new and --repeat must be at least 1")
     if not shutil.which(args.compile_python):
         ap.error(f"--compile-python {args.compile_python}: not an executable (a Python with torch and this package)")
-    refuse_missing_folder(ap, "--json", args.json)
     args = cli.resolve(args)
     device = tpu.choose_device_in_child(args.device)
     ids = prompt.encode(args.model, args.prompt)

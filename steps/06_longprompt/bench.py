@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from torchtpu_longprompt import ARTICLE_FRACTIONS, build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, WAYS_HELP, measure, unknown_ways, verdict
-from torchtpu_parity.flags import positive_ints, refuse_missing_folder
+from torchtpu_parity.flags import positive_ints
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways.bandwidth import kv_bytes_per_token
@@ -155,8 +155,8 @@ def main() -> None:
                     help="runs per way at each length (one count, or one per length; the 32k read takes minutes)")
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--chart", metavar="PNG", help="write the plot here (default: beside --json)")
+    ap.add_argument("--json", metavar="PATH", type=cli.output_path)
+    ap.add_argument("--chart", metavar="PNG", type=cli.output_path, help="write the plot here (default: beside --json)")
     args = ap.parse_args()
     if bad := unknown_ways(args.ways):
         ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
@@ -166,8 +166,6 @@ def main() -> None:
         ap.error(f"--repeats {','.join(map(str, args.repeats))}: one count, or one per length ({n_lengths})")
     if args.max_new < 2:  # the prompt's read yields the first token; decode's speed needs a step after it
         ap.error(f"--max-new {args.max_new}: at least 2 (the first token comes from the prompt's read)")
-    refuse_missing_folder(ap, "--json", args.json)
-    refuse_missing_folder(ap, "--chart", args.chart)
 
     folder = checkpoints.cached(args.size)
     model, emb4 = folder / "text", folder / "emb4"

@@ -10,7 +10,7 @@ import argparse
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, WAYS_HELP, line, measure, unknown_ways, verdict
-from torchtpu_parity.flags import positive_ints, refuse_missing_folder
+from torchtpu_parity.flags import positive_ints
 from torchtpu_rs import cli, prompting, records
 from torchtpu_ways import tpu
 from transformers import AutoTokenizer
@@ -29,7 +29,6 @@ def main() -> None:
         ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
     if args.max_new < 1:
         ap.error(f"--max-new {args.max_new}: at least 1")
-    refuse_missing_folder(ap, "--json", args.json)
     args = cli.resolve(args)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     one = shortest(tokenizer, args.seed)

@@ -1,9 +1,10 @@
 """A record's header says where it ran — and, when torch was told to use less of the CPU than it has, says so; its
-JSON is written whole or not at all."""
+JSON is written whole or not at all, to a folder the flags checked."""
+import argparse
 import json
 
 import pytest
-from torchtpu_rs import records
+from torchtpu_rs import cli, records
 
 
 def test_a_plain_run_names_the_cpu_and_no_limits(monkeypatch):
@@ -59,3 +60,12 @@ def test_write_json_leaves_the_old_file_when_it_cannot_write_the_new_one(tmp_pat
     records.write_json(str(path), "cpu", rows=[1])
     written = json.loads(path.read_text())
     assert written["rows"] == [1] and written["meta"]["device"] and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_json_path_in_a_folder_that_is_not_there_is_refused_as_the_flags_are_parsed(tmp_path, capsys):
+    ap = argparse.ArgumentParser()
+    cli.add_engine_args(ap)
+    assert ap.parse_args(["--json", str(tmp_path / "run.json")]).json == str(tmp_path / "run.json")
+    with pytest.raises(SystemExit) as stop:
+        ap.parse_args(["--json", str(tmp_path / "nowhere" / "run.json")])
+    assert stop.value.code == 2 and f"the folder {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err

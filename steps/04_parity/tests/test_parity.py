@@ -132,7 +132,7 @@ def test_the_plant_fault_demo_names_the_layer():
     (["--plant-fault", "-1"], "--plant-fault -1: "),
     (["--prompt-len", "0"], "--prompt-len 0: at least 1"),
     (["--max-new", "0"], "--max-new 0: at least 1"),
-    (["--json", "/no/such/folder/parity.json"], "--json /no/such/folder/parity.json: the folder"),
+    (["--json", "/no/such/folder/parity.json"], "argument --json: /no/such/folder/parity.json: the folder"),
 ])
 def test_bad_flags_are_refused_before_any_copy_or_load(monkeypatch, capsys, flags, error):
     """In this process (a fresh one per case would import torch again: seconds each): argparse's exit 2."""

@@ -100,8 +100,8 @@ def test_the_record_holds_the_measured_mat_vec_rates_and_the_chart_lies_beside_i
     (["--repeat", "0"], "--repeat 0: at least 1"),
     (["--max-new", "1"], "--max-new 1: at least 2"),
     (["--short-ctx", "-1"], "--short-ctx -1"),
-    (["--json", "/no/such/folder/record.json"], "--json /no/such/folder/record.json: the folder"),
-    (["--chart", "/no/such/folder/chart.png"], "--chart /no/such/folder/chart.png: the folder"),
+    (["--json", "/no/such/folder/record.json"], "argument --json: /no/such/folder/record.json: the folder"),
+    (["--chart", "/no/such/folder/chart.png"], "argument --chart: /no/such/folder/chart.png: the folder"),
 ])
 def test_bad_flags_are_refused_before_the_checkpoint_is_made(monkeypatch, capsys, flags, error):
     def made():

@@ -106,7 +106,7 @@ def test_the_printed_table_and_float32_tokens_agree(recorded):
 @pytest.mark.parametrize("flags, error", [
     (["--compile-python", "/no/such/python"], "--compile-python /no/such/python: not an executable"),
     (["--ways", "rust-eager,rust-fast"], "--ways: unknown rust-fast"),
-    (["--json", "/no/such/folder/a.json"], "--json /no/such/folder/a.json: the folder"),
+    (["--json", "/no/such/folder/a.json"], "argument --json: /no/such/folder/a.json: the folder"),
 ])
 def test_bad_flags_are_refused_at_once(monkeypatch, capsys, flags, error):
     """In this process (a fresh one per case would import torch again: seconds each): argparse's exit 2."""

@@ -130,7 +130,7 @@ def test_a_way_s_runs_become_one_row_of_medians():
     (["--lengths", "40", "--repeats", "2,1"], "--repeats 2,1: one count, or one per length (1)"),
     (["--ways", "rust-eager,rust-int5"], "--ways: unknown rust-int5"),
     (["--max-new", "1"], "--max-new 1: at least 2"),
-    (["--chart", "/no/such/folder/bench.png"], "--chart /no/such/folder/bench.png: the folder"),
+    (["--chart", "/no/such/folder/bench.png"], "argument --chart: /no/such/folder/bench.png: the folder"),
 ])
 def test_bad_flags_are_refused_before_the_checkpoint_is_made(monkeypatch, capsys, flags, error):
     monkeypatch.setattr(bench.checkpoints, "cached", lambda size: pytest.fail("the checkpoint was asked for"))

@@ -108,7 +108,7 @@ def test_run_py_table_and_json(tmp_path):
     (["--lengths", "40,3"], "--lengths: 3 below "),  # the smallest prompt: one record and the question
     (["--ways", "rust-eager,llamacpp-q5_k"], "--ways: unknown llamacpp-q5_k"),
     (["--max-new", "0"], "--max-new 0: at least 1"),
-    (["--json", "/no/such/folder/long.json"], "--json /no/such/folder/long.json: the folder"),
+    (["--json", "/no/such/folder/long.json"], "argument --json: /no/such/folder/long.json: the folder"),
 ])
 def test_run_py_refuses_bad_flags_before_any_way_runs(monkeypatch, capsys, flags, error):
     """In this process (a fresh one per case would import torch again: seconds each): argparse's exit 2."""

@@ -23,7 +23,16 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--ctx", type=int,
                     help=f"context length (default: {ARTICLE_CTX} for E2B-sized configs, 2048 for small ones)")
-    ap.add_argument("--json", metavar="PATH", help="also write the results, with a meta block, as JSON")
+    ap.add_argument("--json", metavar="PATH", type=output_path,
+                    help="also write the results, with a meta block, as JSON")
+
+
+def output_path(text: str) -> str:
+    """argparse `type` of a file a script writes at its end (`--json`, a chart): refused at once when its folder
+    does not exist, rather than after a long run."""
+    if not Path(text).parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: the folder {Path(text).parent} does not exist")
+    return text
 
 
 def default_ctx(model_dir: Path) -> int:
