@@ -16,7 +16,6 @@ import sys
 import time
 
 import torch
-from torchtpu_parity.flags import positive_ints
 from torchtpu_rs import cli, records
 from torchtpu_ways.baseline import attend, attention_dtype_default
 
@@ -49,7 +48,7 @@ def measure(slot_counts: list[int], repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slots", type=positive_ints, default="4096,33024",
+    ap.add_argument("--slots", type=cli.positive_ints, default="4096,33024",
                     help="cache lengths to attend over, comma-separated")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per figure (the median is shown)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the CPU: what attention_dtype is about")

@@ -27,7 +27,7 @@ from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.baseline import linear, one_row_in_aten
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.report import identity_lines, judge, table
-from torchtpu_ways.ways import OPTIONAL, PEER, WAYS, label, median_row, run_way
+from torchtpu_ways.ways import CHOOSE, WAYS, label, median_row, run_way, unknown
 
 
 @contextlib.contextmanager
@@ -227,8 +227,7 @@ def chart(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ways", default=",".join(WAYS),
-                    help=f"comma-separated, from {', '.join(WAYS + OPTIONAL)} (step 07's, when installed), or "
-                         f"llama.cpp's ({peer.WAY_FORM}, after make peer)")
+                    help=f"comma-separated; {CHOOSE} (step 07's when installed, llama.cpp's after make peer)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
     ap.add_argument("--repeat", type=int, default=3)
@@ -240,9 +239,8 @@ def main() -> None:
                     help="write the bar chart here (default: beside --json)")
     args = ap.parse_args()
     ways = args.ways.split(",")
-    if bad := [w for w in ways if w not in WAYS + OPTIONAL + PEER]:
-        ap.error(f"--ways: unknown {', '.join(bad)}; choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: "
-                 f"{peer.WAY_FORM}")
+    if bad := unknown(ways):
+        ap.error(f"--ways: unknown {', '.join(bad)}; {CHOOSE}")
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: at least 1")
     if args.max_new < 2:  # the prompt's read yields the first token; decode's speed needs a step after it

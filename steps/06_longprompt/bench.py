@@ -16,15 +16,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torchtpu_longprompt import ARTICLE_FRACTIONS, build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import DEFAULT_WAYS, WAYS_HELP, measure, unknown_ways, verdict
-from torchtpu_parity.flags import positive_ints
+from torchtpu_longprompt.measure import DEFAULT_WAYS, WAYS_HELP, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
 from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.compiling import chunk_shapes
 from torchtpu_ways.report import judge
-from torchtpu_ways.ways import NAMES
+from torchtpu_ways.ways import NAMES, unknown
 from transformers import AutoTokenizer
 
 DTYPE = "bfloat16"  # the matmul rate is measured in bf16, so the reads run in it too
@@ -148,17 +147,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="e2b", choices=["e2b", "tiny"], help="which random checkpoint")
     ap.add_argument("--ways", default=DEFAULT_WAYS, help=WAYS_HELP)
-    ap.add_argument("--lengths", type=positive_ints,
+    ap.add_argument("--lengths", type=cli.positive_ints,
                     help="prompt lengths in tokens (default: the article's, as fractions of ctx)")
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
-    ap.add_argument("--repeats", type=positive_ints, default="3,3,1",
+    ap.add_argument("--repeats", type=cli.positive_ints, default="3,3,1",
                     help="runs per way at each length (one count, or one per length; the 32k read takes minutes)")
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", type=cli.output_path)
     ap.add_argument("--chart", metavar="PNG", type=cli.output_path, help="write the plot here (default: beside --json)")
     args = ap.parse_args()
-    if bad := unknown_ways(args.ways):
+    if bad := unknown(args.ways.split(",")):
         ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
     n_lengths = len(args.lengths) if args.lengths else len(ARTICLE_FRACTIONS)
     repeats = args.repeats * n_lengths if len(args.repeats) == 1 else args.repeats

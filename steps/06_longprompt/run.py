@@ -9,10 +9,10 @@ import argparse
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 from torchtpu_longprompt import build_prompt, default_lengths, shortest
-from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, WAYS_HELP, line, measure, unknown_ways, verdict
-from torchtpu_parity.flags import positive_ints
+from torchtpu_longprompt.measure import DEFAULT_WAYS, HEADER, WAYS_HELP, line, measure, verdict
 from torchtpu_rs import cli, prompting, records
 from torchtpu_ways import tpu
+from torchtpu_ways.ways import unknown
 from transformers import AutoTokenizer
 
 
@@ -20,12 +20,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_engine_args(ap)
     ap.add_argument("--ways", default=DEFAULT_WAYS, help=WAYS_HELP)
-    ap.add_argument("--lengths", type=positive_ints,
+    ap.add_argument("--lengths", type=cli.positive_ints,
                     help="prompt lengths in tokens, comma-separated (default: see above)")
     ap.add_argument("--max-new", type=int, default=12, help="tokens to generate: enough for a six-digit code")
     ap.add_argument("--seed", type=int, default=0, help="seeds the codes and the record asked about")
     args = ap.parse_args()
-    if bad := unknown_ways(args.ways):
+    if bad := unknown(args.ways.split(",")):
         ap.error(f"--ways: unknown {', '.join(bad)}; {WAYS_HELP}")
     if args.max_new < 1:
         ap.error(f"--max-new {args.max_new}: at least 1")

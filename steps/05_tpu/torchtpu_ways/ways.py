@@ -24,6 +24,7 @@ NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile
          "python-eager": "Python eager", "rust-int4": "Rust int4", "rust-int4-aten": "Rust int4 ATen"}
 # llama.cpp, the peer (peer.py): every way of the form peer.WAY_FORM, run only when asked for
 PEER = [f"llamacpp-{b}{q}{r}" for b in ("", "avx512-", "avx2-") for q in peer.QUANTS for r in ("", "-norepack")]
+CHOOSE = f"choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: {peer.WAY_FORM}"  # what --ways takes
 # Every figure a row carries; None where a way does not have it (graphs of an eager way, all of an n/a way).
 FIGURES = ["load_s", "first_s", "graphs", "breaks", "streamed_tok_s", "batched_tok_s", "peak_gb",
            "read_s", "read_tok_s", "bytes_per_token"]
@@ -34,6 +35,11 @@ def unavailable(way: str, why: str) -> dict:
     """The row of a way that does not exist on this device: no figure, never an invented one."""
     return {"way": way, "torch": None, "available": False, "why": why, **dict.fromkeys(FIGURES), "tokens": None,
             "decode_slots": None, "attention_dtype": None, "memory": None}
+
+
+def unknown(ways: list[str]) -> list[str]:
+    """The ways of `ways` this runner does not know."""
+    return [way for way in ways if way not in WAYS + OPTIONAL + PEER]
 
 
 def worker_env(way: str, python: str) -> dict:
@@ -56,8 +62,8 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
     `batched=False` skips the read-every-8 run; `cold="prefix"` makes the cold run read only a prefix with the
     same chunk shapes (long prompts: one full read, not two); `stop`: ids that end generation early (the
     checkpoint's eos ids), None for exactly `max_new` tokens."""
-    if way not in WAYS + OPTIONAL + PEER:
-        raise ValueError(f"way {way!r}: choose from {', '.join(WAYS + OPTIONAL)}, or a llama.cpp way: {peer.WAY_FORM}")
+    if unknown([way]):
+        raise ValueError(f"way {way!r}: {CHOOSE}")
     if peer.is_peer(way):  # its own process and worker (peer_run); a crash there is a row, not an error
         from .peer_run import PeerUnavailable, run
 

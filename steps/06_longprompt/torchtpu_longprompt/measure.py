@@ -3,21 +3,14 @@ into a row of the step's table.
 
     row = measure("rust-eager", prompt, tokenizer, model_dir, emb4_dir, "cpu", "bfloat16", 33024, max_new=12)
 """
-from torchtpu_parity.peer import WAY_FORM
 from torchtpu_rs.prompting import until_stop
-from torchtpu_ways.ways import OPTIONAL, PEER, WAYS, label, run_way
+from torchtpu_ways.ways import CHOOSE, label, run_way
 
 from .haystack import Prompt, parse_answer
 
 DEFAULT_WAYS = "rust-fused,rust-eager,python-compile"  # the article's three ways
-WAYS_HELP = (f"comma-separated, from {', '.join(WAYS + OPTIONAL)} (rust-int4: step 07's, when installed), or "
-             f"llama.cpp's: {WAY_FORM} (after make peer)")
+WAYS_HELP = f"comma-separated; {CHOOSE} (rust-int4: step 07's, when installed; llama.cpp's after make peer)"
 HEADER = f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'answer':>9}{'expected':>9}  found"
-
-
-def unknown_ways(ways: str) -> list[str]:
-    """The ways of a comma-separated `--ways` that step 05's runner does not know."""
-    return [way for way in ways.split(",") if way not in WAYS + OPTIONAL + PEER]
 
 
 # --8<-- [start:measure]

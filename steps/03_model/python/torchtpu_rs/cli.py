@@ -1,5 +1,6 @@
 """The flags every engine script shares (--model, --emb4, --device, --dtype, --ctx, --json) and what they
-resolve to, so steps 03-06 mean the same thing by each."""
+resolve to, so steps 03-06 mean the same thing by each; and the argparse types the scripts' other flags share
+(a file to write, a list of counts)."""
 import argparse
 from pathlib import Path
 
@@ -33,6 +34,16 @@ def output_path(text: str) -> str:
     if not Path(text).parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: the folder {Path(text).parent} does not exist")
     return text
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse `type` of a comma-separated list of whole numbers, each at least 1 (`--lengths 61,4081`): a bad
+    item is named in argparse's error for the flag."""
+    items = text.split(",")
+    if bad := [item for item in items if not item.strip().isdecimal() or int(item) < 1]:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))}: not a whole number of at least 1 (a "
+                                         "comma-separated list of them is expected)")
+    return [int(item) for item in items]
 
 
 def default_ctx(model_dir: Path) -> int:
