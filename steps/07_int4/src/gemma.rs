@@ -22,7 +22,7 @@ use crate::error::{invalid, Result};
 use crate::linear::{Held, Int4Matmul, Linear, Weights};
 use crate::norm::{self, After};
 use crate::onednn::one_row_in_aten;
-use crate::packed::{refuses, Packed};
+use crate::packed::Packed;
 use crate::sampling::greedy;
 use crate::tanh;
 use crate::weights::{Checkpoint, MappedTable};
@@ -81,22 +81,16 @@ impl Table {
         }
     }
 
-    /// The whole table as an output head tied to the embeddings: a packed table kept 4-bit when `held` says so,
-    /// else a `dtype` matrix — also with `weights="auto"` when the kernels cannot take its shape, as
-    /// `Checkpoint::held_linear` does for a linear.
+    /// The whole table as an output head tied to the embeddings: a packed table kept 4-bit when `held` says so
+    /// (unless it falls back to dense, as a linear does), else a `dtype` matrix.
     fn head(&self, held: &Held, like: &Tensor) -> Result<Linear> {
         const NAME: &str = "the tied head (embed_tokens)";
+        let four_bit = |p: &Packed| {
+            held.weights == Weights::Int4 && !held.falls_back(NAME, p.out_rows(), p.cols(), p.cols() / p.groups())
+        };
         Ok(match self {
             Table::Dense(t) => Linear::Dense(t.f_to_kind(held.dtype)?), // no copy when the dtypes already agree
-            Table::Packed(p) if held.weights == Weights::Int4 => {
-                match refuses(p.out_rows(), p.cols(), p.cols() / p.groups()) {
-                    Some(_) if held.fallback => {
-                        held.kept_dense.borrow_mut().push(NAME.to_string());
-                        Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?)
-                    }
-                    _ => held.int4(NAME, p, like)?,
-                }
-            }
+            Table::Packed(p) if four_bit(p) => held.int4(NAME, p, like)?,
             Table::Packed(p) => Linear::Dense(p.dequantize()?.f_to_kind(held.dtype)?),
             // only the per-layer table is left in the file, and it is never a head: an error, should that change
             Table::Mapped(_) => return Err(invalid!("a table left in the file cannot be the tied head")),

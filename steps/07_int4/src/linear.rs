@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 use crate::dot4::{Kernel, OwnLinear, Panels, Stacking};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
-use crate::packed::Packed;
+use crate::packed::{refuses, Packed};
 use crate::pages::Arena;
 
 /// How the engine holds its linears.
@@ -147,6 +147,17 @@ impl Held {
             kept_dense: RefCell::new(Vec::new()),
             arena: RefCell::new(Arena::new()),
         }
+    }
+
+    /// Whether the packed matrix `name`, `[rows, cols]` in groups of `group`, falls back to dense: with
+    /// `weights="auto"`, where the kernels cannot take its shape (its name then kept in `kept_dense`). Otherwise it
+    /// is kept 4-bit, and a shape the kernels refuse fails the load, naming it.
+    pub fn falls_back(&self, name: &str, rows: i64, cols: i64, group: i64) -> bool {
+        let falls = self.fallback && refuses(rows, cols, group).is_some();
+        if falls {
+            self.kept_dense.borrow_mut().push(name.to_string());
+        }
+        falls
     }
 
     /// The packed matrix `name` kept 4-bit for the chosen kernel, on like's device.

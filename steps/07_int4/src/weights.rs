@@ -211,15 +211,12 @@ impl Checkpoint {
     /// checkpoint tensor stays dense either way. With `held.fallback` (`weights="auto"`), a matrix the kernel
     /// cannot take is unpacked instead, and its name kept in `held.kept_dense`.
     pub fn held_linear(&self, module: &str, out: i64, inp: i64, held: &Held, like: &Tensor) -> Result<Linear> {
-        if held.weights == Weights::Int4 && self.has(&format!("{module}.weight_packed")) {
-            let group = self.config.group_size.unwrap_or(0);
-            match refuses(out, inp, group) {
-                Some(_) if held.fallback => held.kept_dense.borrow_mut().push(self.full_name(module)),
-                _ => {
-                    let packed = self.packed(module, out, inp)?;
-                    return held.int4(&self.where_(module), &packed, like);
-                }
-            }
+        let group = self.config.group_size.unwrap_or(0);
+        if held.weights == Weights::Int4
+            && self.has(&format!("{module}.weight_packed"))
+            && !held.falls_back(&self.full_name(module), out, inp, group)
+        {
+            return held.int4(&self.where_(module), &self.packed(module, out, inp)?, like);
         }
         Ok(Linear::Dense(self.linear(module, out, inp, held.dtype, like)?))
     }
