@@ -38,6 +38,12 @@ AVX512_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
 # path, which oneDNN then emulates in float32, in sums that depend on a product's row count; step 07 runs fma4, its
 # short prompts in 16 lanes (fma16). `make test` runs step 04's bf16 parity tests and step 07's tests under it.
 AVX512_NO_BF16_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE
+# `make test` runs each of its limited tiers (and the emulated CPUs') only on a CPU with what the tier keeps torch or
+# step 07 from: elsewhere it changes nothing (on an AVX2-only CPU, ATEN_CPU_CAPABILITY=avx2 is what torch picks
+# anyway, and no AVX-512 instruction can run), and the copies' tests above already ran on this CPU as it is.
+# $(call where_cpu_has,<a /proc/cpuinfo flag>,<commands>)
+where_cpu_has = if grep -qw '$(1)' /proc/cpuinfo; then $(2); else echo "   skipped: this CPU has no $(1), so the tests \
+	above already ran as this tier would run them"; fi
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
 	steps/03_model/tests/test_records.py steps/03_model/tests/test_stream.py steps/04_parity/tests/test_parity.py \
 	steps/05_tpu/tests/test_baseline.py steps/07_int4/tests
@@ -80,17 +86,18 @@ test: setup
 	python -m pytest tests/copy
 	@echo "== the tests whose expectations depend on the CPU's defaults, again with torch and oneDNN kept to AVX2:"
 	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
-	$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
-	$(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
+	$(call where_cpu_has,avx512f,$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml \
+		&& $(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS))
 	@echo "== step 07's tests again with oneDNN kept from AMX: what an Intel CPU with AVX512-BF16 and no AMX runs"
-	$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml
-	$(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests
+	$(call where_cpu_has,amx_tile,$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml \
+		&& $(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests)
 	@echo "== step 04's bf16 parity tests and step 07's tests with oneDNN, and so step 07, kept from AVX512-BF16: an"
 	@echo "   Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): oneDNN emulates bf16, step 07 runs fma4"
-	$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/04_parity/tests/test_parity.py -k bfloat16
-	$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests
+	$(call where_cpu_has,avx512_bf16,$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider \
+		steps/04_parity/tests/test_parity.py -k bfloat16 \
+		&& $(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests)
 	@echo "== step 07's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
-	tools/emulated-avx2.sh
+	$(call where_cpu_has,avx512f,tools/emulated-avx2.sh)
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi
 	python -m pytest tests/site

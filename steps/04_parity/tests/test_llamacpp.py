@@ -37,6 +37,21 @@ def test_without_make_peer_a_way_says_what_to_run(tmp_path, monkeypatch):
         peer.converter()
 
 
+def test_the_quantizer_runs_on_whichever_build_was_made(tmp_path, monkeypatch):
+    """`make bench-avx2` makes only the AVX2 build: the GGUFs are still made (the quantizer is the same C in every
+    build), by the native build where there is one."""
+    monkeypatch.setenv("GEMMA4_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="make peer"):
+        peer.any_build()
+    peer.cache().mkdir(parents=True)
+    builds = {"avx2": {"lib": "/avx2/lib", "cmake_args": "-DGGML_AVX2=ON"}}
+    (peer.cache() / "builds.json").write_text(json.dumps({"builds": builds}))
+    assert peer.any_build()["lib"] == "/avx2/lib"
+    builds["native"] = {"lib": "/native/lib", "cmake_args": "-DGGML_NATIVE=ON"}
+    (peer.cache() / "builds.json").write_text(json.dumps({"builds": builds}))
+    assert peer.any_build()["lib"] == "/native/lib"
+
+
 def test_llamacpp_py_without_the_peer_says_so_and_records_only_that(tmp_path):
     """With an empty cache (no build there) the script says why, the command to run, and records nothing else."""
     out = tmp_path / "llamacpp.json"

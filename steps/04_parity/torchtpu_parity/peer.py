@@ -77,6 +77,17 @@ def build_info(build: str) -> dict:
     return built[build]
 
 
+def any_build() -> dict:
+    """build_info of the native build, or where `make peer` made only others (`make bench-avx2` makes only the AVX2
+    one), of the first of them: for work whose result is the same in every build, as the quantizer's (Q4_0, Q8_0
+    and Q4_0's Q6_K token table come from ggml-base's plain C code; a build's CPU flags reach only ggml-cpu)."""
+    built = (manifest() or {}).get("builds", {})
+    for build in BUILDS:
+        if build in built:
+            return built[build]
+    raise FileNotFoundError(f"no llama.cpp build is in {cache()}: {MAKE_PEER}")
+
+
 def converter() -> Path:
     """The folder holding the sdist's convert_hf_to_gguf.py, conversion/ and gguf-py/."""
     folder = Path((manifest() or {}).get("converter", cache() / "converter"))

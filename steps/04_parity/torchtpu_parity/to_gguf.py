@@ -99,7 +99,7 @@ def ggufs(model_dir, quants) -> dict[str, Path]:
     for quant, path in out.items():
         if not path.is_file():
             tmp = folder / f"{quant}.gguf.{os.getpid()}.tmp"
-            run_child("quantize", str(bf16), str(tmp), quant, lib=peer.build_info("native")["lib"])
+            run_child("quantize", str(bf16), str(tmp), quant, lib=peer.any_build()["lib"])
             tmp.rename(path)
     return out
 
