@@ -107,8 +107,9 @@ bench: setup
 	python tools/record.py --list tools/bench.txt --folder cpu-e2b --device cpu
 
 # The same E2B bench with torch and oneDNN kept to AVX2 on this CPU: how the AVX2-only CPUs many readers have fare
-# (no bf16 matmul hardware). A stand-in, labeled as such in its record; a real AVX2 chip has its own clocks and caches.
-# Beside llama.cpp's build kept to AVX2, which it makes first where the machine has none (6-12 minutes, once).
+# (no bf16 matmul hardware). On a CPU with AVX-512 a stand-in, labeled as such in its record's header (a real AVX2 chip
+# has its own clocks and caches); on an AVX2-only CPU the limit changes nothing. Beside llama.cpp's build kept to AVX2,
+# which it makes first where the machine has none (6-12 minutes, once).
 bench-avx2: setup
 	tools/peer.sh avx2
 	$(AVX2_LIMIT) python tools/record.py --list tools/bench-avx2.txt --folder cpu-e2b-avx2 --device cpu
