@@ -37,19 +37,30 @@ def test_without_make_peer_a_way_says_what_to_run(tmp_path, monkeypatch):
         peer.converter()
 
 
-def test_the_quantizer_runs_on_whichever_build_was_made(tmp_path, monkeypatch):
+def test_the_ggufs_are_quantized_by_whichever_build_was_made(tmp_path, monkeypatch):
     """`make bench-avx2` makes only the AVX2 build: the GGUFs are still made (the quantizer is the same C in every
-    build), by the native build where there is one."""
+    build), by the native build where there is one. The children are stood in for: what matters is the library each
+    quantize child is given."""
     monkeypatch.setenv("GEMMA4_CACHE", str(tmp_path))
+    monkeypatch.setattr(to_gguf, "folder_for", lambda model_dir: tmp_path / "gguf")
+    libs = []
+
+    def child(what, src, out, *rest, lib=None):
+        libs.append(lib)
+        Path(out).write_bytes(b"")
+
+    monkeypatch.setattr(to_gguf, "run_child", child)
+    text = checkpoints.tiny("causal") / "text"
     with pytest.raises(FileNotFoundError, match="make peer"):
-        peer.any_build()
+        to_gguf.ggufs(text, ["q4_0"])
     peer.cache().mkdir(parents=True)
     builds = {"avx2": {"lib": "/avx2/lib", "cmake_args": "-DGGML_AVX2=ON"}}
     (peer.cache() / "builds.json").write_text(json.dumps({"builds": builds}))
-    assert peer.any_build()["lib"] == "/avx2/lib"
+    to_gguf.ggufs(text, ["q4_0"])
     builds["native"] = {"lib": "/native/lib", "cmake_args": "-DGGML_NATIVE=ON"}
     (peer.cache() / "builds.json").write_text(json.dumps({"builds": builds}))
-    assert peer.any_build()["lib"] == "/native/lib"
+    to_gguf.ggufs(text, ["q8_0"])
+    assert libs == [None, "/avx2/lib", "/native/lib"]  # the bf16 file made once, by the converter (no library)
 
 
 def test_llamacpp_py_without_the_peer_says_so_and_records_only_that(tmp_path):
