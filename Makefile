@@ -25,28 +25,28 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 # The AVX2 stand-in: with these, torch's dispatch, oneDNN and MKL use no more of the CPU than an AVX2-only CPU has (no
-# bf16 matmul hardware), and so does step 07's kernel choice. MKL reads neither of the first two: without its own
+# bf16 matmul hardware), and so does step 08's kernel choice. MKL reads neither of the first two: without its own
 # variable its float32 products (attention in float32, the default there) keep their AVX-512 code, and their bits
 # differ from an AVX2 Intel CPU's (QEMU's Haswell gives the bits MKL_ENABLE_INSTRUCTIONS=AVX2 gives). `make test`
 # runs AVX2_TESTS under it a second time.
 AVX2_LIMIT := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
-# The AVX512-BF16 stand-in: oneDNN kept from AMX, and so step 07's choice of panels — on an AMX Xeon, what an Intel
-# CPU with AVX512-BF16 and no AMX runs (dot4's prompt chunks by float32 panels). `make test` runs step 07's tests under
+# The AVX512-BF16 stand-in: oneDNN kept from AMX, and so step 08's choice of panels — on an AMX Xeon, what an Intel
+# CPU with AVX512-BF16 and no AMX runs (dot4's prompt chunks by float32 panels). `make test` runs step 08's tests under
 # it a third time; `make bench-avx512` records the peer comparison under it.
 AVX512_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
 # The stand-in for an Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): torch keeps its bf16 fast
-# path, which oneDNN then emulates in float32, in sums that depend on a product's row count; step 07 runs fma4, its
-# short prompts in 16 lanes (fma16). `make test` runs step 04's bf16 parity tests and step 07's tests under it.
+# path, which oneDNN then emulates in float32, in sums that depend on a product's row count; step 08 runs fma4, its
+# short prompts in 16 lanes (fma16). `make test` runs step 04's bf16 parity tests and step 08's tests under it.
 AVX512_NO_BF16_LIMIT := ONEDNN_MAX_CPU_ISA=AVX512_CORE
 # `make test` runs each of its limited tiers (and the emulated CPUs') only on a CPU with what the tier keeps torch or
-# step 07 from: elsewhere it changes nothing (on an AVX2-only CPU, ATEN_CPU_CAPABILITY=avx2 is what torch picks
+# step 08 from: elsewhere it changes nothing (on an AVX2-only CPU, ATEN_CPU_CAPABILITY=avx2 is what torch picks
 # anyway, and no AVX-512 instruction can run), and the copies' tests above already ran on this CPU as it is.
 # $(call where_cpu_has,<a /proc/cpuinfo flag>,<commands>)
 where_cpu_has = if grep -qw '$(1)' /proc/cpuinfo; then $(2); else echo "   skipped: this CPU has no $(1), so the tests \
 	above already ran as this tier would run them"; fi
 AVX2_TESTS := steps/03_model/tests/test_engine.py steps/03_model/tests/test_attention_dtype.py \
 	steps/03_model/tests/test_records.py steps/03_model/tests/test_stream.py steps/04_parity/tests/test_parity.py \
-	steps/05_tpu/tests/test_baseline.py steps/07_int4/tests
+	steps/05_tpu/tests/test_baseline.py steps/07_int4/tests steps/08_cpu_kernels/tests
 
 STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/pyproject.toml))))
 RUST_STEPS := $(patsubst %/,%,$(sort $(dir $(wildcard steps/*/Cargo.toml))))
@@ -85,18 +85,18 @@ test: setup
 	@echo "   (the only run of the steps' tests in make test: \`python -m pytest\` runs them in place too)"
 	python -m pytest tests/copy
 	@echo "== the tests whose expectations depend on the CPU's defaults, again with torch and oneDNN kept to AVX2:"
-	@echo "   what an AVX2-only CPU runs (float32 attention, step 07's fma4 kernel), on any machine"
-	$(call where_cpu_has,avx512f,$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml \
+	@echo "   what an AVX2-only CPU runs (float32 attention, step 08's fma4 kernel), on any machine"
+	$(call where_cpu_has,avx512f,$(AVX2_LIMIT) cargo test --release --quiet --manifest-path steps/08_cpu_kernels/Cargo.toml \
 		&& $(AVX2_LIMIT) python -m pytest -q -p no:cacheprovider $(AVX2_TESTS))
-	@echo "== step 07's tests again with oneDNN kept from AMX: what an Intel CPU with AVX512-BF16 and no AMX runs"
-	$(call where_cpu_has,amx_tile,$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/07_int4/Cargo.toml \
-		&& $(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests)
-	@echo "== step 04's bf16 parity tests and step 07's tests with oneDNN, and so step 07, kept from AVX512-BF16: an"
-	@echo "   Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): oneDNN emulates bf16, step 07 runs fma4"
+	@echo "== step 08's tests again with oneDNN kept from AMX: what an Intel CPU with AVX512-BF16 and no AMX runs"
+	$(call where_cpu_has,amx_tile,$(AVX512_LIMIT) cargo test --release --quiet --manifest-path steps/08_cpu_kernels/Cargo.toml \
+		&& $(AVX512_LIMIT) python -m pytest -q -p no:cacheprovider steps/08_cpu_kernels/tests)
+	@echo "== step 04's bf16 parity tests and step 08's tests with oneDNN, and so step 08, kept from AVX512-BF16: an"
+	@echo "   Intel CPU with AVX-512 and no AVX512-BF16 (Skylake to Ice Lake): oneDNN emulates bf16, step 08 runs fma4"
 	$(call where_cpu_has,avx512_bf16,$(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider \
 		steps/04_parity/tests/test_parity.py -k bfloat16 \
-		&& $(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/07_int4/tests)
-	@echo "== step 07's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
+		&& $(AVX512_NO_BF16_LIMIT) python -m pytest -q -p no:cacheprovider steps/08_cpu_kernels/tests)
+	@echo "== step 08's Rust tests on two emulated AVX2-only CPUs (QEMU), where no AVX-512 instruction can run"
 	$(call where_cpu_has,avx512f,tools/emulated-avx2.sh)
 	mkdocs build --strict --site-dir site
 	if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; fi

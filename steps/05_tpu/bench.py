@@ -2,9 +2,10 @@
 numbers comparable across machines — measured memory bandwidth, the bytes each way reads per decode token
 (weights as held, and the cached keys and values its attention reads), and the fraction of the bandwidth limit
 each way reaches — and the project's targets, met or not. Later ways run only when `--ways` names them (as
-tools/bench.txt does): step 07's (`rust-int4`, `rust-int4-aten`; with step 07 installed), rust-int4 again beside
-Rust eager at a short context (`--short-ctx`); and llama.cpp's (`llamacpp-q4_0`, `llamacpp-q8_0`, ...; with `make
-peer` done: step 04's torchtpu_parity.peer, run by torchtpu_ways.peer_run and peer_worker) on GGUFs made from the
+tools/bench.txt does): step 08's `rust-int4` and step 07's `rust-int4-aten` (with those steps installed),
+rust-int4 again beside Rust eager at a short context (`--short-ctx`); and llama.cpp's (`llamacpp-q4_0`,
+`llamacpp-q8_0`, ...; with `make peer` done: step 04's torchtpu_parity.peer, run by torchtpu_ways.peer_run and
+peer_worker) on GGUFs made from the
 same checkpoint, from the same prompt ids, with the ratios to the best of them printed (no target of theirs:
 figures as they are).
 
@@ -46,7 +47,7 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
                 streamed_gb: float = 0.0) -> dict:
     """One E2B MLP mat-vec ([6144 × 1536], one bf16 activation row) called again and again, best of `tries`: the
     bytes each kernel reads (bf16 weights; or nibbles + bf16 scales and zeros for ATen's int4 kernel; or, with step
-    07 installed, nibbles + bf16 scales for each of its own that runs here: torchtpu_dot4_mm with AVX512-BF16,
+    08 installed, nibbles + bf16 scales for each of its own that runs here: torchtpu_dot4_mm with AVX512-BF16,
     torchtpu_fma4_mm with AVX2, FMA and F16C) over its time. bf16 twice: through oneDNN, as torch picks by default (and
     Transformers decodes), and through ATen's own mat-vec, as the ways' decode steps run it (`matvec="aten"`). The
     weights stay warm in the CPU's caches, so this is the kernel's best case: a way whose weights come from memory
@@ -72,18 +73,19 @@ def matvec_gb_s(n: int = 6144, k: int = 1536, group: int = 32, tries: int = 7, c
         "bf16 ATen": (bf16, aten),
         "int4 ATen": (int4, lambda w: torch._weight_int4pack_mm_for_cpu(x, w[0], group, w[1])),
     }
-    if importlib.util.find_spec("torchtpu_int4"):  # step 07's kernel; steps 04-06 never need step 07
-        import torchtpu_int4
+    if importlib.util.find_spec("torchtpu_kernels"):  # step 08's kernels; steps 04-06 never need step 08
+        import torchtpu_kernels
 
-        def own(kernel):  # step 07's kernels share one layout: nibbles and bf16 scales
+        def own(kernel):  # step 08's kernels share one layout: nibbles and bf16 scales
             def make():
                 words = torch.randint(-2**31, 2**31, (n, k // 8), dtype=torch.int32)
-                return torchtpu_int4.Int4Linear(words, torch.rand(n, k // group).to(torch.bfloat16), k, matmul=kernel)
+                scale = torch.rand(n, k // group).to(torch.bfloat16)
+                return torchtpu_kernels.Int4Linear(words, scale, k, matmul=kernel)
             return make
 
-        for kernel, runs in (("dot4", torchtpu_int4.dot4_runs()), ("fma4", torchtpu_int4.fma4_runs())):
+        for kernel, runs in (("dot4", torchtpu_kernels.dot4_runs()), ("fma4", torchtpu_kernels.fma4_runs())):
             if runs:
-                kernels[f"int4 {kernel} (step 07)"] = (own(kernel), lambda w: w(x))
+                kernels[f"int4 {kernel} (step 08)"] = (own(kernel), lambda w: w(x))
 
     def gb_s(make, call) -> float:  # the weights' copies are freed when it returns, before the next kernel's
         first = make()
@@ -157,14 +159,14 @@ def targets(rows: dict, short: dict) -> list[tuple[str, float | None, str, float
         ("Rust eager decode / bandwidth limit", rust and rust.get("bandwidth_fraction"), ">=", 0.6),
         ("Rust peak memory / Python eager peak", ratio(rust, eager, "peak_gb"), "<=", 1.05),
         ("Rust peak memory / Python compile peak", ratio(rust, compiled, "peak_gb"), "<=", 1.05),
-    ] + ([] if not rows.get("rust-int4", {}).get("available") else [  # step 07's way, when it ran
+    ] + ([] if not rows.get("rust-int4", {}).get("available") else [  # step 08's way, when it ran
         ("Rust int4 decode / Rust eager decode", ratio(rows["rust-int4"], rust, "streamed_tok_s"), ">=", 2.0),
         ("  the same at the short context", ratio(short.get("rust-int4"), short.get("rust-eager"), "streamed_tok_s"),
          ">=", 2.5),
         ("Rust int4 decode / its bandwidth limit", rows["rust-int4"].get("bandwidth_fraction"), ">=", 0.5),
         ("Rust int4 peak memory, GB", rows["rust-int4"].get("peak_gb"), "<=", 4.0),
-    ]) + ([] if not rows.get("rust-int4-aten", {}).get("available") else [  # the kernel auto picks, against ATen's
-        ("Rust int4 decode / the same with ATen's int4 kernel",
+    ]) + ([] if not rows.get("rust-int4-aten", {}).get("available") else [  # step 08 against step 07
+        ("Rust int4 decode / Rust int4 ATen decode (step 07)",
          ratio(rows.get("rust-int4"), rows["rust-int4-aten"], "streamed_tok_s"), ">=", 1.0),
     ])
 # --8<-- [end:targets]
@@ -227,13 +229,13 @@ def chart(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ways", default=",".join(WAYS),
-                    help=f"comma-separated; {CHOOSE} (step 07's when installed, llama.cpp's after make peer)")
+                    help=f"comma-separated; {CHOOSE} (steps 07 and 08's when installed, llama.cpp's after make peer)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--device", default="cpu", choices=["cpu"], help="the benchmark is this machine's CPU record")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--short-ctx", type=int, default=4096,
-                    help="with step 07's way: Rust int4 and Rust eager again at this context (0: skip)")
+                    help="with step 08's way: Rust int4 and Rust eager again at this context (0: skip)")
     ap.add_argument("--json", metavar="PATH", type=cli.output_path)
     ap.add_argument("--chart", metavar="PNG", type=cli.output_path,
                     help="write the bar chart here (default: beside --json)")
@@ -300,7 +302,7 @@ def main() -> None:
 
     rows = measure(ways, ctx)
     by_way = {r["way"]: r for r in rows if r["available"]}
-    # step 07's target at a short context: the ratio to Rust eager, measured side by side there too
+    # step 08's target at a short context: the ratio to Rust eager, measured side by side there too
     short_ways = ["rust-eager", "rust-int4"] if args.short_ctx and {"rust-eager", "rust-int4"} <= set(by_way) else []
     short = {row["way"]: row for row in measure(short_ways, args.short_ctx)} if short_ways else {}
     print(table(rows))

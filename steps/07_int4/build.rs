@@ -19,39 +19,8 @@ fn main() {
 
     // torch's oneDNN switch, which tch does not wrap (see src/onednn.rs), against this torch's headers.
     let include = ask_python("import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))");
-    cc::Build::new().cpp(true).std("c++17").include(&include).warnings(false).file("src/onednn.cpp").compile("onednn");
+    cc::Build::new().cpp(true).std("c++17").include(include).warnings(false).file("src/onednn.cpp").compile("onednn");
     println!("cargo:rerun-if-changed=src/onednn.cpp");
-    // ATen's vector ISA for this process (see src/cpu.rs).
-    cc::Build::new().cpp(true).std("c++17").include(&include).warnings(false).file("src/cpu.cpp").compile("aten_isa");
-    println!("cargo:rerun-if-changed=src/cpu.cpp");
-    // This step's int4 kernels (see src/dot4.rs). They split their rows with at::parallel_for, which ATen's headers
-    // implement with OpenMP: compiled with -fopenmp, they run on torch's own thread pool (torch's libgomp, found
-    // through the rpath above), so torch.set_num_threads sets their threads too. Each function says the
-    // instructions it uses (`target` attributes), so the files build for any x86-64 and run where cpu.rs says.
-    let mut kernels = cc::Build::new();
-    kernels.cpp(true).std("c++17").include(&include).warnings(false).opt_level(3).flag("-fopenmp");
-    kernels
-        .file("src/dot4.cpp")
-        .file("src/amx4.cpp")
-        .file("src/fma4.cpp")
-        .file("src/attend.cpp")
-        .file("src/norm.cpp")
-        .file("src/argmax.cpp")
-        .file("src/tanh.cpp")
-        .file("src/panels.cpp")
-        .compile("kernels");
-    println!("cargo:rustc-link-lib=gomp");
-    println!("cargo:rerun-if-changed=src/dot4.cpp");
-    println!("cargo:rerun-if-changed=src/amx4.cpp");
-    println!("cargo:rerun-if-changed=src/fma4.cpp");
-    println!("cargo:rerun-if-changed=src/attend.cpp");
-    println!("cargo:rerun-if-changed=src/norm.cpp");
-    println!("cargo:rerun-if-changed=src/argmax.cpp");
-    println!("cargo:rerun-if-changed=src/tanh.cpp");
-    println!("cargo:rerun-if-changed=src/panels.cpp");
-    println!("cargo:rerun-if-changed=src/bf16.h");
-    println!("cargo:rerun-if-changed=src/gelu.h");
-    println!("cargo:rerun-if-changed=src/blocks.h");
 
     // The tch version Cargo resolved (pinned with `=` in Cargo.toml), read from the lock file.
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();

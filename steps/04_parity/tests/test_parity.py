@@ -55,7 +55,7 @@ def onednn_emulates_bf16() -> bool:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    # oneDNN's ISA names below AVX512_CORE_BF16, which have no bf16 dot product (step 07's cpu.rs reads the cap alike)
+    # oneDNN's ISA names below AVX512_CORE_BF16, which have no bf16 dot product (step 08's cpu.rs reads the cap alike)
     below_bf16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
     return not (records.bf16_matmul_hardware() and cap not in below_bf16)
 

@@ -31,12 +31,12 @@ def test_decode_reads_every_layer_s_keys_and_values_over_the_slots_it_attends(ti
                 for i in range(cfg.num_hidden_layers))
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16") == first
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "float32") == 2 * first
-    # step 07's rings attend over the full cache's bucket until they wrap: one chunk too, at this depth
+    # step 08's rings attend over the full cache's bucket until they wrap: one chunk too, at this depth
     chunk = sum(2 * cfg.kv_heads_of(i) * cfg.sliding_window * cfg.head_dim_of(i) * 2
                 for i in range(cfg.num_hidden_layers))
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 3, 4, "bucket", "bfloat16", "bucket") == chunk
     assert bandwidth.kv_bytes_per_token(cfg, ctx, 19, 4, "all", "bfloat16", "bucket") == whole
-    # step 07's own attention call reads only the slots each step's query sees: 20..23 of them after 19 tokens
+    # step 08's own attention call reads only the slots each step's query sees: 20..23 of them after 19 tokens
     # (at most the window's on a sliding layer), whatever its shapes
     seen = sum(2 * cfg.kv_heads_of(i) * min(pos + 1, ctx if cfg.is_full(i) else cfg.sliding_window)
                * cfg.head_dim_of(i) * 2 for pos in range(19, 23) for i in range(cfg.num_hidden_layers)) / 4

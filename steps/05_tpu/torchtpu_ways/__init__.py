@@ -2,9 +2,9 @@
 
 `baseline.Baseline`: Gemma 4 in plain PyTorch with the Rust engine's design (same files, stored weights, ring
 caches), eager or `torch.compile`d. `ways.run_way`: one way (rust-fused, rust-eager, python-compile,
-python-eager, step 07's rust-int4 when installed, and llama.cpp's through `peer_run`) in a fresh process, and
-what it measured. TorchTPU-specific code lives in `tpu`. The names below are imported when first used: the
-llama.cpp way's process (`peer_worker`) imports this package but not torch.
+python-eager; step 07's rust-int4-aten and step 08's rust-int4 when installed; llama.cpp's through `peer_run`) in
+a fresh process, and what it measured. TorchTPU-specific code lives in `tpu`. The names below are imported when
+first used: the llama.cpp way's process (`peer_worker`) imports this package but not torch.
 """
 import importlib
 

@@ -15,9 +15,9 @@ def kv_bytes_per_token(cfg: TextConfig, ctx: int, prompt_len: int, steps: int, d
     """The cached keys and values one of `steps` decode steps after a prompt of `prompt_len` tokens reads, on
     average: every layer (a KV-shared one reads its source's cache) attends over the full cache's slots its
     `decode_slots` rule gives at that position, or over its sliding ring — the whole ring (`sliding_slots="ring"`:
-    steps 03 and 05), or as many of its slots as the full cache's rule gives ("bucket": step 07, which covers all a
+    steps 03 and 05), or as many of its slots as the full cache's rule gives ("bucket": step 08, which covers all a
     ring holds until it wraps) — in its attention dtype. `kv_read="seen"`: only the slots the query sees, the
-    positions up to its own (the last `sliding_window` of them on a sliding layer) — what step 07's own attention
+    positions up to its own (the last `sliding_window` of them on a sliding layer) — what step 08's own attention
     call reads of those slots (its `decode_attention="own"`); "slots": all of them, as ATen's ops read them."""
     size = 4 if attention_dtype == "float32" else 2
     positions = range(prompt_len, prompt_len + steps)

@@ -18,7 +18,7 @@ from torchtpu_parity import peer
 from torchtpu_parity.child_env import source_first
 
 from . import tpu
-from .way_names import OPTIONAL, WAYS  # the engine's and the baseline's ways (worker.py); OPTIONAL: later steps'
+from .way_names import OPTIONAL, PACKAGES, WAYS  # the ways worker.py runs; OPTIONAL and PACKAGES: later steps'
 
 NAMES = {"rust-fused": "Rust fused", "rust-eager": "Rust eager", "python-compile": "Python compile",
          "python-eager": "Python eager", "rust-int4": "Rust int4", "rust-int4-aten": "Rust int4 ATen"}
@@ -75,8 +75,9 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
             return unavailable(way, str(why))
     if way == "rust-fused" and not tpu.is_tpu(str(device)):
         return unavailable(way, tpu.NO_TPU)
-    if way in OPTIONAL and python == sys.executable and importlib.util.find_spec("torchtpu_int4") is None:
-        return unavailable(way, "step 07 (torchtpu_int4) is not installed")
+    package, step = PACKAGES.get(way, (None, None))
+    if package and python == sys.executable and importlib.util.find_spec(package) is None:
+        return unavailable(way, f"{step} ({package}) is not installed")
     with tempfile.TemporaryDirectory(prefix="torchtpu-way-") as tmp:
         prompt, out = Path(tmp) / "ids.json", Path(tmp) / "row.json"
         prompt.write_text(json.dumps(list(ids)))

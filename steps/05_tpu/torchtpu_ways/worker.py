@@ -9,6 +9,7 @@ then read about one and a half times, not twice. The Python ways import nothing 
 can run under another interpreter and torch.
 """
 import argparse
+import importlib
 import json
 import os
 import time
@@ -18,18 +19,16 @@ import torch
 
 from .compiling import chunk_shapes
 from .memory import PeakMemory
-from .way_names import OPTIONAL, WAYS
+from .way_names import OPTIONAL, PACKAGES, WAYS
 
 BATCH = 8  # "in batches": tokens copied to the host every 8 decode steps
 
 
 def load(way: str, model: str, emb4: str | None, device: torch.device, ctx: int, dtype: str):
     """The model a way runs: the Rust Engine (fused or eager is the process's TorchTPU mode) or the baseline."""
-    if way.startswith("rust-int4"):  # step 07: linears kept 4-bit, for the kernel it picks here or for ATen's
-        import torchtpu_int4
-
-        return torchtpu_int4.Engine(model, emb4, torch.empty(0, device=device), ctx, dtype, weights="int4",
-                                    int4_matmul="aten" if way == "rust-int4-aten" else "auto")
+    if way in PACKAGES:  # step 07's or step 08's engine: linears kept 4-bit
+        engine = importlib.import_module(PACKAGES[way][0]).Engine
+        return engine(model, emb4, torch.empty(0, device=device), ctx, dtype, weights="int4")
     if way.startswith("rust"):
         import torchtpu_rs
 
@@ -58,12 +57,10 @@ def tok_s(tokens: int, seconds: float) -> float | None:
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     ids = json.loads(Path(args.ids).read_text())
-    if args.way.startswith("rust-int4"):
-        import torchtpu_int4
-
+    if args.way in PACKAGES:
         from .ways import unavailable
 
-        ok, why = torchtpu_int4.int4_kernel(torch.empty(0, device=device))
+        ok, why = importlib.import_module(PACKAGES[args.way][0]).int4_kernel(torch.empty(0, device=device))
         if not ok:
             return unavailable(args.way, why)
     peak = PeakMemory(device)
@@ -91,11 +88,11 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
         # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
-        "sliding_slots": getattr(model, "sliding_slots", "ring"),  # step 07's engine: "bucket"
-        # step 07's own attention call reads only the slots a query sees
+        "sliding_slots": getattr(model, "sliding_slots", "ring"),  # step 08's engine: "bucket"
+        # step 08's own attention call reads only the slots a query sees
         "kv_read": "seen" if getattr(model, "decode_attention", "aten") == "own" else "slots",
         "memory": model.memory(),
-        "weights_reason": getattr(model, "weights_reason", None),  # step 07's: which int4 kernel, and why
+        "weights_reason": getattr(model, "weights_reason", None),  # steps 07 and 08: which int4 kernel, and why
         # the kernel of an eager decode step's dense one-row linears ("aten" or "onednn"); a compiled step's: inductor's
         "matvec": None if getattr(model, "compiled", False) else model.matvec,
         "prompt_len": len(ids), "read_s": read_s, "read_tok_s": tok_s(len(ids), read_s),

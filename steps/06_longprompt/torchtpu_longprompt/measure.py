@@ -9,7 +9,8 @@ from torchtpu_ways.ways import CHOOSE, label, run_way
 from .haystack import Prompt, parse_answer
 
 DEFAULT_WAYS = "rust-fused,rust-eager,python-compile"  # the article's three ways
-WAYS_HELP = f"comma-separated; {CHOOSE} (rust-int4: step 07's, when installed; llama.cpp's after make peer)"
+WAYS_HELP = (f"comma-separated; {CHOOSE} (rust-int4: step 08's, rust-int4-aten: step 07's, when installed; "
+             "llama.cpp's after make peer)")
 HEADER = f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'answer':>9}{'expected':>9}  found"
 
 

@@ -12,9 +12,6 @@ pub enum Error {
     /// A valid checkpoint this engine does not implement, e.g. 8-bit weights (`NotImplementedError`).
     #[error("{0}")]
     Unsupported(String),
-    /// The system gave no memory for the weights (`MemoryError`).
-    #[error("{0}")]
-    OutOfMemory(String),
     /// libtorch refused an operation (`RuntimeError`).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

@@ -1,5 +1,5 @@
-//! Step 07's one change: linears kept 4-bit, here in the layout of ATen's CPU int4 kernel, and multiplied by it
-//! (dot4.rs has this step's own kernels; linear.rs picks one).
+//! Step 07's one change: linears kept 4-bit, in the layout of ATen's CPU int4 kernel, and multiplied by it
+//! (linear.rs holds each linear dense or 4-bit; weights.rs reads a `Packed` from the checkpoint).
 //!
 //! The checkpoint stores each weight as the nibble `q + 8` (q in -8..7), eight to an int32 word, low nibble first,
 //! with one scale per group of columns. ATen's weight-only kernel (`aten::_weight_int4pack_mm_for_cpu`, torch
@@ -20,10 +20,30 @@ use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
 use crate::error::{invalid, Error, Result};
-use crate::packed::{refuses, Packed, REPACK_ROWS};
+use crate::weights::Packed;
 
 /// The op that multiplies (named in every error about it).
 pub const KERNEL: &str = "aten::_weight_int4pack_mm_for_cpu";
+/// The group sizes the kernel takes.
+pub const GROUPS: [i64; 4] = [32, 64, 128, 256];
+/// Rows repacked at a time: a multiple of the kernel's row block (64), so the blocks' bytes are the whole's, and
+/// small enough that the int32 nibbles of a block (6 MB at E2B width) never add up to a whole head (1.6 GB).
+pub const REPACK_ROWS: i64 = 1024;
+
+// --8<-- [start:check]
+/// Why the int4 kernel cannot take a `[rows, cols]` weight with groups of `group` columns, if it cannot.
+pub fn refuses(rows: i64, cols: i64, group: i64) -> Option<String> {
+    if !GROUPS.contains(&group) {
+        Some(format!("group_size {group}: the int4 kernel takes groups of 32, 64, 128 or 256 columns"))
+    } else if cols % group != 0 {
+        Some(format!("{cols} columns are not a multiple of group_size {group}"))
+    } else if rows % 16 != 0 {
+        Some(format!("{rows} rows: the kernel's layout needs a multiple of 16"))
+    } else {
+        None
+    }
+}
+// --8<-- [end:check]
 
 // --8<-- [start:int4]
 /// A linear layer kept 4-bit: `y = x · Wᵀ` with `W[n, k] = (nibble - 8) · scale[n, k / group]`.
@@ -120,7 +140,19 @@ pub fn probe(like: &Tensor) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed::tests::random_matrix;
+
+    /// A random packed matrix `[rows, cols]` in the checkpoint's format: nibbles `q + 8`, eight to an int32 word,
+    /// low first, and bf16 scales for groups of 32 columns.
+    fn random_matrix(rows: i64, cols: i64, seed: i64) -> Packed {
+        tch::manual_seed(seed);
+        let nibbles = Tensor::randint(16, [rows, cols / 8, 8], (Kind::Int, Device::Cpu));
+        let mut words = Tensor::zeros([rows, cols / 8], (Kind::Int, Device::Cpu));
+        for i in 0..8 {
+            words = words.bitwise_or_tensor(&nibbles.select(2, i).bitwise_left_shift_tensor_scalar(4 * i));
+        }
+        let scale = (Tensor::rand([rows, cols / 32], (Kind::Float, Device::Cpu)) * 0.01 + 1e-3).to_kind(Kind::BFloat16);
+        Packed::new(words, scale, cols).unwrap()
+    }
 
     fn cpu() -> Tensor {
         Tensor::zeros([0], (Kind::Float, Device::Cpu))
@@ -131,7 +163,7 @@ mod tests {
         assert_eq!(refuses(2048, 1536, 32), None); // E2B's q_proj
         assert_eq!(refuses(262144, 1536, 32), None); // its head
         assert!(refuses(40, 64, 32).unwrap().contains("40 rows"));
-        assert!(refuses(32, 64, 16).unwrap().contains("group_size 16: the int4 kernels take"));
+        assert!(refuses(32, 64, 16).unwrap().contains("group_size 16: the int4 kernel takes"));
         assert!(refuses(32, 96, 64).unwrap().contains("96 columns are not a multiple of group_size 64"));
         let error = Int4Linear::new("model.layers.0.mlp.up_proj", &random_matrix(40, 64, 0), Kind::BFloat16, &cpu());
         let Err(Error::Unsupported(msg)) = error else { panic!("a 40-row matrix must be refused") };

@@ -1,45 +1,32 @@
-//! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit for an int4
-//! kernel — this step's own on a CPU with AVX512-BF16 (dot4) or with AVX2, FMA and F16C (fma4), else ATen's
-//! (`weights="int4"`) — or dequantized at load as in step 03 (`weights="bf16"`).
+//! `torchtpu_int4._engine`: step 03's Gemma 4 engine as a Python class, with its linears kept 4-bit and multiplied
+//! by ATen's int4 kernel (`weights="int4"`), or dequantized at load as in step 03 (`weights="bf16"`).
 //!
 //! Every failure reaches Python as an exception that names the file, tensor, argument or value — never as a
 //! Rust panic (PyO3's `PanicException` is a `BaseException` that `except Exception` does not catch).
-mod attend;
 mod bridge;
-mod budget;
 mod config;
-mod cpu;
-mod dot4;
 mod error;
 mod gemma;
 mod int4;
 mod linear;
-mod norm;
 mod onednn;
-mod packed;
-mod pages;
 mod sampling;
-mod tanh;
 mod weights;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use pyo3::exceptions::{
-    PyFileNotFoundError, PyMemoryError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
-};
+use pyo3::exceptions::{PyFileNotFoundError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFrozenSet, PyList, PySet, PyTuple};
 use tch::{Kind, Tensor};
 
-use attend::DecodeAttention;
 use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
-use dot4::Kernel;
 use error::Error;
 use gemma::{Cache, DecodeSlots, Gemma, Generation};
-use linear::{Int4Matmul, Weights};
+use linear::{Held, Weights};
 use sampling::{Rng, Sampling};
 use weights::Checkpoint;
 
@@ -49,7 +36,6 @@ impl From<Error> for PyErr {
             Error::NotFound { .. } => PyFileNotFoundError::new_err(e.to_string()),
             Error::Invalid(msg) => PyValueError::new_err(msg),
             Error::Unsupported(msg) => PyNotImplementedError::new_err(msg),
-            Error::OutOfMemory(msg) => PyMemoryError::new_err(msg),
             Error::Torch(t) => torch_error(t),
             Error::Python(e) => e,
         }
@@ -92,38 +78,51 @@ fn decode_slots_arg(decode_slots: Option<&str>, like: &Bound<'_, PyAny>) -> PyRe
     }
 }
 
+/// On a CPU, whether torch's bf16 matmul has a fast path there: oneDNN finds AVX-512 or AMX (torch's
+/// `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); on any other device, None.
+fn cpu_bf16_fast_path(like: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+    let device: String = like.getattr("device")?.getattr("type")?.extract()?;
+    if device != "cpu" {
+        return Ok(None);
+    }
+    let mkldnn = like.py().import("torch")?.getattr("ops")?.getattr("mkldnn")?;
+    mkldnn.getattr("_is_mkldnn_bf16_supported")?.call0()?.extract().map(Some)
+}
+
 /// The dtype attention computes in: the argument, or by default the compute dtype — except bfloat16 on a CPU
-/// where torch's bf16 matmul has no fast path (`cpu::fast_bf16_matmul`), where float32 attention is several times
-/// faster.
+/// where torch's bf16 matmul has no fast path, where float32 attention is several times faster.
 fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) -> PyResult<Kind> {
     match arg {
         Some(name) => compute_dtype(name).map_err(|_| {
             PyValueError::new_err(format!("attention_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))
         }),
         None if dtype == Kind::Float => Ok(Kind::Float),
-        None => {
-            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
-            Ok(if device == "cpu" && !cpu::fast_bf16_matmul(like.py())? { Kind::Float } else { Kind::BFloat16 })
-        }
+        None => Ok(if cpu_bf16_fast_path(like)? == Some(false) { Kind::Float } else { Kind::BFloat16 }),
     }
 }
 
-/// Whether a decode step's dense one-row linears run on ATen's mat-vec: the argument, or by default oneDNN's where
-/// `cpu::onednn_matvec_faster` says (as step 03), ATen's elsewhere.
+// --8<-- [start:matvec]
+/// Whether a decode step's one-row linears run on ATen's mat-vec: the argument, or by default oneDNN's on an Intel
+/// CPU where oneDNN has a bf16 fast path (its one-row product streams a matrix from memory faster than ATen's there)
+/// and ATen's elsewhere (on an AMD EPYC, twice oneDNN's rate; without the fast path oneDNN does not take it).
 fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bool> {
     match arg {
         Some("aten") => Ok(true),
         Some("onednn") => Ok(false),
         Some(other) => Err(PyValueError::new_err(format!("matvec={other:?}: use \"aten\", \"onednn\" or None"))),
-        None => {
-            let device: String = like.getattr("device")?.getattr("type")?.extract()?;
-            Ok(!(device == "cpu" && cpu::onednn_matvec_faster(like.py())?))
-        }
+        None => Ok(!(cpu_bf16_fast_path(like)? == Some(true) && intel_cpu())),
     }
 }
 
+/// Whether the CPU is Intel's, as Linux's /proc/cpuinfo names its vendor.
+fn intel_cpu() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines().any(|line| line.starts_with("vendor_id") && line.ends_with("GenuineIntel"))
+}
+// --8<-- [end:matvec]
+
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto", int4_matmul="auto", matvec=None, decode_attention="auto")
+///        matvec=None, weights="auto")
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -134,33 +133,24 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 /// dtype: "bfloat16" or "float32", the precision of the arithmetic.
 /// progress: None, or a callable(done, total) called while layers load.
 /// decode_slots: what a decode step's full-attention layers attend over: "bucket" (the slots up to its position,
-///     rounded up to 64 × 2^k as a prompt chunk's, or chunk × 2^k for a chunk under 64: a few shapes, no work on
-///     empty slots), "all" (all ctx slots: one shape, one compiled program at every position), or None: "all" on a
-///     TPU, else "bucket".
+///     rounded up to chunk × 2^k as a prompt chunk's: a few shapes, no work on empty slots), "all" (all ctx
+///     slots: one shape, one compiled program at every position), or None: "all" on a TPU, else "bucket".
 ///     Both give the same tokens and logits, bit for bit (without AVX-512, where MKL's float32 product sums a row of
 ///     more slots in another order, the logits a float32 rounding apart).
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
 ///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
-/// weights: "int4" (linears and a packed head kept 4-bit, multiplied by an int4 kernel; NotImplementedError where
-///     aten::_weight_int4pack_mm_for_cpu does not run), "bf16" (dequantized at load, as step 03 does), or "auto"
-///     (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which was
-///     taken and `engine.weights_reason` why.
-/// int4_matmul: the int4 kernel: "dot4" (this step's torchtpu_dot4_mm: a CPU with AVX512-BF16), "fma4" (this step's
-///     torchtpu_fma4_mm: a CPU with AVX2, FMA and F16C), both bfloat16 activations on the CPU and NotImplementedError
-///     elsewhere; "aten" (aten::_weight_int4pack_mm_for_cpu: any CPU), or "auto" (dot4 where it runs, else fma4,
-///     else aten; under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, fma4). All compute the same W4A16
-///     products, their float32 sums in other orders.
-/// matvec: the kernel for a decode step's dense linears (one row each) on a CPU: "aten" (ATen's mat-vec, with
-///     oneDNN switched off for the call), "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ
-///     in an occasional last bf16 bit, its sums being added in another order), or None: "onednn" on an Intel CPU
-///     whose bf16 matmul has a fast path, else "aten" (as step 03: the one that streams a matrix faster there). It
-///     does not touch the int4 kernels.
-/// decode_attention: what runs the attention of a one-token pass (a decode step; a prompt's last chunk of one token)
-///     over the cache: "own" (this step's torchtpu_attend_one: one call per layer instead of ATen's seven ops, whose
-///     set-up on a CPU costs more than the cache's bytes; a CPU with AVX2 and FMA, bfloat16, NotImplementedError
-///     elsewhere), "aten" (ATen's ops, as step 03), or "auto": own where the linears run on dot4 or fma4, else aten.
-///     Own computes ATen's roundings, its float32 sums in other orders. Longer prompt chunks run ATen's.
+/// matvec: the kernel for a decode step's linears (one row each) on a CPU: "aten" (ATen's mat-vec, with oneDNN
+///     switched off for the call), "onednn" (what Transformers' decode runs: its bits exactly; ATen's differ in an
+///     occasional last bf16 bit, its sums being added in another order), or None: "onednn" on an Intel CPU whose
+///     bf16 matmul has a fast path, else "aten". Which streams a matrix from memory faster depends on the CPU (step
+///     05's bench times both): ATen's twice oneDNN's on an AMD EPYC with AVX-512, oneDNN's 1.1-1.8 times ATen's on
+///     the Intel Xeons measured. Prompt chunks and attention use oneDNN either way. It does not touch the int4
+///     kernel.
+/// weights: "int4" (linears and a packed head kept 4-bit, multiplied by aten::_weight_int4pack_mm_for_cpu;
+///     NotImplementedError where that kernel does not run), "bf16" (dequantized at load, as step 03 does), or
+///     "auto" (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says
+///     which was taken and `engine.weights_reason` why.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_int4")]
@@ -186,74 +176,22 @@ fn check_ctx(ctx: i64, cfg: &TextConfig) -> PyResult<()> {
 }
 
 // --8<-- [start:choose]
-/// What `int4_matmul=` means on like's device in `dtype`: the kernel for the matrices kept 4-bit. "auto" takes the
-/// first of this step's kernels that runs here (dot4, then fma4: cpu.rs decides, honouring the AVX2 limit), else
-/// ATen's.
-fn choose_matmul(int4_matmul: &str, dtype: Kind, like: &Tensor) -> PyResult<Int4Matmul> {
-    let why_not = |kernel: Kernel| {
-        if !kernel.runs() {
-            Some(format!("needs {}; this process has none", kernel.needs()))
-        } else if like.device() != tch::Device::Cpu {
-            Some("runs on the CPU only".to_string())
-        } else if dtype != Kind::BFloat16 {
-            Some("takes bfloat16 activations only".to_string())
-        } else {
-            None
-        }
-    };
-    let own = |matmul: Int4Matmul, kernel: Kernel| match why_not(kernel) {
-        None => Ok(matmul),
-        Some(why) => Err(PyNotImplementedError::new_err(format!(
-            "int4_matmul=\"{}\": {} {why}; use \"aten\" or \"auto\"",
-            matmul.name(),
-            kernel.symbol()
-        ))),
-    };
-    match int4_matmul {
-        "aten" => Ok(Int4Matmul::Aten),
-        "dot4" => own(Int4Matmul::Dot4, Kernel::Dot4),
-        "fma4" => own(Int4Matmul::Fma4, Kernel::Fma4),
-        "auto" if why_not(Kernel::Dot4).is_none() => Ok(Int4Matmul::Dot4),
-        "auto" if why_not(Kernel::Fma4).is_none() => Ok(Int4Matmul::Fma4),
-        "auto" => Ok(Int4Matmul::Aten),
-        other => {
-            Err(PyValueError::new_err(format!("int4_matmul={other:?}: use \"dot4\", \"fma4\", \"aten\" or \"auto\"")))
-        }
-    }
-}
-
-/// What `decode_attention=` means for a model held as `model` is: "auto" takes this step's own kernel where the
-/// linears run on one of this step's int4 kernels (so on a CPU with AVX2 and FMA: cpu.rs), else ATen's ops — and so
-/// `weights="bf16"` stays step 03's engine, bit for bit.
-fn choose_decode_attention(arg: &str, model: &Gemma, like: &Tensor) -> PyResult<DecodeAttention> {
-    let own = || DecodeAttention::own(like.device(), model.dtype);
-    match arg {
-        "aten" => Ok(DecodeAttention::Aten),
-        "own" => Ok(own()?),
-        "auto" if model.weights == Weights::Int4 && model.matmul.own().is_some() => {
-            Ok(own().unwrap_or(DecodeAttention::Aten))
-        }
-        "auto" => Ok(DecodeAttention::Aten),
-        other => Err(PyValueError::new_err(format!("decode_attention={other:?}: use \"own\", \"aten\" or \"auto\""))),
-    }
-}
-
-/// What `weights=` means on like's device: (how to hold the linears, whether a matrix the kernel refuses may stay
-/// dense instead, why). Whether int4 runs at all is ATen's kernel's probe: `matmul` only names the kernel taken.
-fn choose_weights(weights: &str, matmul: Int4Matmul, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
-    let (aten, kernel) = (int4::KERNEL, matmul.described());
+/// What `weights=` means on like's device in `dtype`: (how to hold the linears, whether a matrix the kernel refuses
+/// may stay dense instead, why). Whether int4 runs at all is the kernel's probe (int4.rs).
+fn choose_weights(weights: &str, dtype: Kind, like: &Tensor) -> PyResult<(Weights, bool, String)> {
+    let kernel = int4::KERNEL;
     match weights {
         "bf16" => Ok((Weights::Bf16, false, "weights=\"bf16\": dequantized at load, as in step 03".into())),
         "int4" => match int4::probe(like) {
             Ok(()) if dtype == Kind::Float => Ok((
                 Weights::Int4,
                 false,
-                format!("weights=\"int4\" with float32 activations: {aten}'s scalar path (slow on x86; exact scales)"),
+                format!("weights=\"int4\" with float32 activations: {kernel}'s scalar path (slow on x86; exact scales)"),
             )),
             Ok(()) => Ok((Weights::Int4, false, format!("weights=\"int4\": {kernel}"))),
             Err(why) => Err(PyNotImplementedError::new_err(format!(
-                "weights=\"int4\": {why}. Only CPU kernels are implemented (CUDA's aten::_weight_int4pack_mm \
-                 takes another layout; TorchTPU has no int4 kernel known); use weights=\"bf16\" or \"auto\""
+                "weights=\"int4\": {why}. Only the CPU kernel is used here (CUDA's aten::_weight_int4pack_mm takes \
+                 another layout; TorchTPU has no int4 kernel known); use weights=\"bf16\" or \"auto\""
             ))),
         },
         "auto" => Ok(match int4::probe(like) {
@@ -264,7 +202,7 @@ fn choose_weights(weights: &str, matmul: Int4Matmul, dtype: Kind, like: &Tensor)
                 Weights::Bf16,
                 false,
                 format!(
-                    "auto: float32 activations would take {aten}'s scalar path, slower than the dense float32 \
+                    "auto: float32 activations would take {kernel}'s scalar path, slower than the dense float32 \
                  product; weights=\"int4\" forces it"
                 ),
             ),
@@ -287,70 +225,8 @@ fn int4_kernel(like: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
     })
 }
 
-/// dot4_runs() -> bool
-///
-/// Whether torchtpu_dot4_mm, this step's int4 kernel for AVX512-BF16, runs in this process: the CPU has AVX-512 F
-/// and BW and AVX512-BF16, ATen may use AVX-512 (not under ATEN_CPU_CAPABILITY=avx2) and oneDNN AVX512-BF16 (not
-/// under ONEDNN_MAX_CPU_ISA=AVX512_CORE, which stands in for a CPU with AVX-512 and no AVX512-BF16).
-#[pyfunction]
-fn dot4_runs() -> bool {
-    Kernel::Dot4.runs()
-}
-
-/// amx4_runs() -> bool
-///
-/// Whether dot4's products of 4 to 127 activation rows (a short prompt's, never a decode step's) go by AMX's tiles
-/// in this process (torchtpu_amx4_mm: dot4's words made into the tile's operand, dot4's arithmetic). The CPU has AMX
-/// and AVX512-BF16, Linux lets the process use AMX's tiles, ATen may use AVX-512 and oneDNN AMX (not under
-/// ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16).
-#[pyfunction]
-fn amx4_runs() -> bool {
-    cpu::amx4_runs()
-}
-
-/// fma16_runs() -> bool
-///
-/// Whether this step's products of a short prompt's rows (4 to 127) go by fma4's arithmetic in AVX-512's 16 lanes
-/// here (torchtpu_fma16_mm) where AMX's tiles do not take dot4's (amx4_runs() goes first): AVX-512 F and BW, ATen
-/// allowed AVX-512, and an Intel CPU — where a 512-bit FMA issues twice a cycle and vdpbf16ps once every two, and
-/// where a Xeon without AVX512-BF16 (Skylake to Ice Lake) runs fma4 in 8 lanes.
-#[pyfunction]
-fn fma16_runs() -> bool {
-    cpu::fma16_runs()
-}
-
-/// panels_run() -> bool
-///
-/// Whether dot4's prompt chunks (128 activation rows or more) go by panels in this process: unpacked to bf16 a
-/// panel of rows at a time and multiplied by torch's bf16 matmul, which oneDNN runs on AMX. The CPU has AMX and
-/// AVX512-BF16, ATen may use AVX-512 and oneDNN AMX (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16). Where they do
-/// not run, an Intel CPU's dot4 takes chunks of 128 rows or more by float32 panels (Engine.weights_reason says so).
-#[pyfunction]
-fn panels_run() -> bool {
-    cpu::panels_run()
-}
-
-/// dot4_float_panels_run() -> bool
-///
-/// Whether dot4's prompt chunks (128 activation rows or more) go by float32 panels in this process, as fma4's do:
-/// unpacked to exact float32 weights and multiplied by torch's float32 matmul. dot4 runs, its bf16 panels do not
-/// (panels_run()), and the CPU is an Intel one, whose two 512-bit FMA units make MKL's float32 product the faster.
-#[pyfunction]
-fn dot4_float_panels_run() -> bool {
-    cpu::dot4_float_panels_run()
-}
-
-/// fma4_runs() -> bool
-///
-/// Whether torchtpu_fma4_mm, this step's int4 kernel for AVX2, runs in this process: the CPU has AVX2, FMA and
-/// F16C, and ATen may use AVX2.
-#[pyfunction]
-fn fma4_runs() -> bool {
-    Kernel::Fma4.runs()
-}
-
 /// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
-fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<packed::Packed> {
+fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<weights::Packed> {
     let (packed, scale) = (take(packed, "weight_packed")?, take(scale, "weight_scale")?);
     if cols < 1 {
         return Err(PyValueError::new_err(format!("cols={cols}: need 1 <= cols")));
@@ -372,7 +248,7 @@ fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -
             scale.size()
         )));
     }
-    Ok(packed::Packed::new(packed.to_device(tch::Device::Cpu), scale.to_device(tch::Device::Cpu), cols)?)
+    Ok(weights::Packed::new(packed.to_device(tch::Device::Cpu), scale.to_device(tch::Device::Cpu), cols)?)
 }
 
 /// repack(weight_packed, weight_scale, cols, dtype="bfloat16") -> (packed, scale_zeros)
@@ -396,81 +272,11 @@ fn repack<'py>(
     Ok((give(py, packed)?, give(py, scale_zeros)?))
 }
 
-/// Int4Linear(weight_packed, weight_scale, cols, dtype="bfloat16", matmul="aten")
-///
-/// A checkpoint's packed matrix (as `repack` takes it) kept 4-bit as the Engine keeps its linears: repacked once
-/// for `matmul`'s kernel ("aten", "dot4", "fma4" or "auto", as the Engine's int4_matmul), for activations in `dtype`
-/// ("dot4", "fma4": bfloat16 only). Calling it on x [tokens, cols] gives x · Wᵀ in that dtype. `nbytes`: what one product reads.
-#[pyclass(name = "Int4Linear", module = "torchtpu_int4")]
-struct PyInt4Linear {
-    linear: Mutex<linear::Linear>,
-    cols: i64,
-    dtype: Kind,
-}
-
-#[pymethods]
-impl PyInt4Linear {
-    #[new]
-    #[pyo3(signature = (weight_packed, weight_scale, cols, dtype = "bfloat16", matmul = "aten"))]
-    fn new(
-        weight_packed: &Bound<'_, PyAny>,
-        weight_scale: &Bound<'_, PyAny>,
-        cols: i64,
-        dtype: &str,
-        matmul: &str,
-    ) -> PyResult<Self> {
-        let w = packed_from(weight_packed, weight_scale, cols)?;
-        let dtype = compute_dtype(dtype)?;
-        let cpu = Tensor::f_empty([0], (Kind::Float, tch::Device::Cpu)).map_err(torch_error)?;
-        let matmul = choose_matmul(matmul, dtype, &cpu)?;
-        let linear = linear::Held::new(Weights::Int4, matmul, dtype, false).int4("weight_packed", &w, &cpu)?;
-        Ok(PyInt4Linear { linear: Mutex::new(linear), cols, dtype })
-    }
-
-    fn __call__<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let x = take(x, "x")?;
-        if x.kind() != self.dtype {
-            return Err(PyTypeError::new_err(format!(
-                "x: {:?}, need {:?} (the dtype this matrix was made for)",
-                x.kind(),
-                self.dtype
-            )));
-        }
-        if x.dim() != 2 || x.size()[1] != self.cols {
-            return Err(PyValueError::new_err(format!("x: shape {:?}, need [tokens, {}]", x.size(), self.cols)));
-        }
-        give(py, &self.held()?.forward(&x)?)
-    }
-
-    /// Bytes one product reads: nibbles and scales (and ATen's zero points) as held.
-    #[getter]
-    fn nbytes(&self) -> PyResult<i64> {
-        Ok(self.held()?.bytes())
-    }
-
-    /// Which kernel it was made for: "dot4", "fma4" or "aten".
-    #[getter]
-    fn matmul(&self) -> PyResult<&'static str> {
-        Ok(match &*self.held()? {
-            linear::Linear::Own(w) if w.kernel() == Kernel::Dot4 => "dot4",
-            linear::Linear::Own(_) => "fma4",
-            _ => "aten",
-        })
-    }
-}
-
-impl PyInt4Linear {
-    fn held(&self) -> PyResult<MutexGuard<'_, linear::Linear>> {
-        self.linear.lock().map_err(|_| PyRuntimeError::new_err("Int4Linear: an earlier call panicked"))
-    }
-}
-
 #[pymethods]
 impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
-                        attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = None,
-                        decode_attention = "auto"))]
+                        attention_dtype = None, matvec = None, weights = "auto"))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -481,19 +287,16 @@ impl Engine {
         progress: Option<Bound<'_, PyAny>>,
         decode_slots: Option<&str>,
         attention_dtype: Option<&str>,
-        weights: &str,
-        int4_matmul: &str,
         matvec: Option<&str>,
-        decode_attention: &str,
+        weights: &str,
     ) -> PyResult<Self> {
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
+        let (weights, fallback, weights_reason) = choose_weights(weights, dtype, &like_tensor)?;
         let decode_slots = decode_slots_arg(decode_slots, like)?;
         let attention_dtype = attention_dtype_arg(attention_dtype, dtype, like)?;
         let matvec_in_aten = matvec_in_aten_arg(matvec, like)?;
         let like = like_tensor;
-        let matmul = choose_matmul(int4_matmul, dtype, &like)?;
-        let (weights, fallback, weights_reason) = choose_weights(weights, matmul, dtype, &like)?;
         let checkpoint = Checkpoint::open(&model_dir)?;
         check_ctx(ctx, &checkpoint.config.text)?;
         let twin = emb4_dir.as_deref().map(Checkpoint::open).transpose()?;
@@ -503,7 +306,7 @@ impl Engine {
                 report_error = callback.call1((done, total)).err();
             }
         };
-        let held = linear::Held::new(weights, matmul, dtype, fallback);
+        let held = Held::new(weights, dtype, fallback);
         let mut model = Gemma::load(&checkpoint, twin.as_ref(), &like, held, &mut report)?;
         model.matvec_in_aten = matvec_in_aten;
         if let Some(e) = report_error {
@@ -518,7 +321,6 @@ impl Engine {
         };
         let mut cache = model.new_cache(ctx, attention_dtype)?;
         cache.decode_slots = decode_slots;
-        cache.decode_attention = choose_decode_attention(decode_attention, &model, &like)?;
         let state = State { model, cache, epoch: 0, prefilled: None, weights_reason };
         Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
     }
@@ -535,14 +337,6 @@ impl Engine {
         Ok(self.state()?.weights_reason.clone())
     }
 
-    /// The kernel multiplying the matrices kept 4-bit: "dot4", "fma4" or "aten" (see the class docstring); None with
-    /// weights "bf16".
-    #[getter]
-    fn int4_matmul(&self) -> PyResult<Option<&'static str>> {
-        let model = &self.state()?.model;
-        Ok((model.weights == Weights::Int4).then(|| model.matmul.name()))
-    }
-
     /// What a decode step's full layers attend over: "bucket" or "all" (see the class docstring).
     #[getter]
     fn decode_slots(&self) -> PyResult<&'static str> {
@@ -552,27 +346,6 @@ impl Engine {
         })
     }
 
-    /// What a sliding layer attends over: "bucket", as many of its ring's slots as the full caches' rule gives (all a
-    /// ring holds until it wraps; then the whole ring) — step 03 attends over the whole ring. Step 05's bench counts
-    /// the bytes a decode step reads by it.
-    #[getter]
-    fn sliding_slots(&self) -> &'static str {
-        "bucket"
-    }
-
-    /// What runs a decode step's attention over the cache: "own" (torchtpu_attend_one) or "aten" (see the class
-    /// docstring).
-    #[getter]
-    fn decode_attention(&self) -> PyResult<&'static str> {
-        Ok(self.state()?.cache.decode_attention.name())
-    }
-
-    /// The kernel for a decode step's dense linears: "aten" or "onednn" (see the class docstring).
-    #[getter]
-    fn matvec(&self) -> PyResult<&'static str> {
-        Ok(if self.state()?.model.matvec_in_aten { "aten" } else { "onednn" })
-    }
-
     /// The dtype attention computes in: "bfloat16" or "float32" (see the class docstring).
     #[getter]
     fn attention_dtype(&self) -> PyResult<&'static str> {
@@ -580,6 +353,12 @@ impl Engine {
             Kind::Float => "float32",
             _ => "bfloat16",
         })
+    }
+
+    /// The kernel for a decode step's dense linears: "aten" or "onednn" (see the class docstring).
+    #[getter]
+    fn matvec(&self) -> PyResult<&'static str> {
+        Ok(if self.state()?.model.matvec_in_aten { "aten" } else { "onednn" })
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)
@@ -620,63 +399,6 @@ impl Engine {
             state.model.generate(&ids, max_new, read_every, &stop, &mut state.cache, &mut check_signals)
         })?;
         Ok((tokens, read_s, decode_s))
-    }
-
-    /// decode_budget(ids, steps) -> dict
-    ///
-    /// Where a decode step's time goes. Reads the prompt `ids`, then makes `steps` greedy decode steps as
-    /// `generate` does, timing each part of them on its own (see the class docstring): returns {"tokens": the
-    /// 1 + steps tokens, "parts": [(name, seconds, bytes)] per step on average — bytes read as stored —, "step_s":
-    /// their sum}. The parts cover the whole step: work between named parts counts as "the rest (views, the step's
-    /// glue)".
-    fn decode_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, steps: i64) -> PyResult<Bound<'py, PyDict>> {
-        let ids = token_ids(ids, "decode_budget(ids)")?;
-        let mut state = self.state()?;
-        let ctx = state.cache.ctx;
-        check_ids(&ids, &state.model.cfg, ctx)?;
-        if steps < 1 || steps > ctx - ids.len() as i64 {
-            return Err(PyValueError::new_err(format!(
-                "decode_budget(steps={steps}): need 1 <= steps and len(ids) + steps <= ctx ({} + {steps}, ctx {ctx})",
-                ids.len()
-            )));
-        }
-        let state: &mut State = &mut state;
-        state.taken();
-        let (tokens, budget) =
-            py.detach(move || state.model.decode_budget(&ids, steps, &mut state.cache, &mut check_signals))?;
-        let per_step = |x: f64| x / steps as f64;
-        let parts: Vec<(&str, f64, f64)> = budget::Part::ALL
-            .iter()
-            .map(|&p| (p.name(), per_step(budget.seconds[p as usize]), per_step(budget.bytes[p as usize] as f64)))
-            .collect();
-        let out = PyDict::new(py);
-        out.set_item("tokens", tokens)?;
-        out.set_item("step_s", per_step(budget.seconds.iter().sum()))?;
-        out.set_item("parts", parts)?;
-        Ok(out)
-    }
-
-    /// read_budget(ids) -> dict
-    ///
-    /// Where a prompt read's time goes. Reads the prompt `ids` into a fresh cache as `generate` does (its chunks,
-    /// the head on the last row, the first greedy token), timing each part on its own: returns {"token": the first
-    /// token, "parts": [(name, seconds, bytes)] for the read — bytes read as stored —, "read_s": their sum}.
-    fn read_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
-        let ids = token_ids(ids, "read_budget(ids)")?;
-        let mut state = self.state()?;
-        check_ids(&ids, &state.model.cfg, state.cache.ctx)?;
-        let state: &mut State = &mut state;
-        state.taken();
-        let (token, budget) = py.detach(move || state.model.read_budget(&ids, &mut state.cache, &mut check_signals))?;
-        let parts: Vec<(&str, f64, i64)> = budget::Part::ALL
-            .iter()
-            .map(|&p| (p.name(), budget.seconds[p as usize], budget.bytes[p as usize]))
-            .collect();
-        let out = PyDict::new(py);
-        out.set_item("token", token)?;
-        out.set_item("read_s", budget.seconds.iter().sum::<f64>())?;
-        out.set_item("parts", parts)?;
-        Ok(out)
     }
 
     /// prefill(ids) -> torch.Tensor
@@ -846,8 +568,8 @@ impl Engine {
     /// memory() -> dict[str, int]
     ///
     /// Bytes held in memory, by part: the linears (every layer's matrices and the per-layer projection), the
-    /// head, each embedding table (0 for one left in the file), the norms and scalars, and the KV caches. The
-    /// rest of the process's memory is the runtime (torch, Python) and the allocator's slack.
+    /// head (0 when it is the embedding table itself), each embedding table (0 for one left in the file), the norms
+    /// and scalars, and the KV caches. The rest of the process's memory is the runtime (torch, Python) and the allocator's slack.
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let state = self.state()?;
         let parts = PyDict::new(py); // in the order of the parts
@@ -1202,8 +924,8 @@ fn filtered_probs<'py>(
 }
 
 /// The Rust half of torchtpu_int4: `Engine` (and its `TokenStream`), `sample`, `filtered_probs`, `layout_for`,
-/// `int4_kernel`, which of this step's kernels run (`dot4_runs`, `fma4_runs`, `amx4_runs`, `fma16_runs`,
-/// `panels_run`, `dot4_float_panels_run`), `repack`, `Int4Linear`, and the versions it was built with.
+/// `int4_kernel`, `repack`, and
+/// the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1215,13 +937,6 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(int4_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(repack, m)?)?;
-    m.add_class::<PyInt4Linear>()?;
-    m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(amx4_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(fma16_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(panels_run, m)?)?;
-    m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

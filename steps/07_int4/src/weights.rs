@@ -18,10 +18,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::bridge::on;
 use crate::config::Config;
-use crate::dot4::Stacking;
 use crate::error::{invalid, Error, Result};
 use crate::linear::{Held, Linear, Weights};
-use crate::packed::{refuses, Packed};
 
 struct Shard {
     /// Shared with the tables that stay in the file, which outlive the checkpoint.
@@ -160,6 +158,37 @@ impl Checkpoint {
         Ok(group)
     }
 
+    /// A linear layer's weight `[out, in]` in `dtype` on like's device: unpacked once, on the host, if stored
+    /// packed.
+    pub fn linear(&self, module: &str, out: i64, inp: i64, dtype: Kind, like: &Tensor) -> Result<Tensor> {
+        let packed = format!("{module}.weight_packed");
+        if self.has(&packed) {
+            let w = self.packed(module, out, inp)?.dequantize()?;
+            Ok(on(&w.f_to_kind(dtype)?, like)?)
+        } else if self.has(&format!("{module}.weight")) {
+            self.dense(&format!("{module}.weight"), &[out, inp], dtype, like)
+        } else {
+            Err(invalid!("missing {} (nor a dense .weight)", self.where_(&packed)))
+        }
+    }
+
+    // --8<-- [start:held]
+    /// A linear layer `[out, in]` on like's device, held as `held` says: a packed matrix kept 4-bit in the int4
+    /// kernel's layout (`Weights::Int4`), or unpacked once into the compute dtype as `linear` does. A dense
+    /// checkpoint tensor stays dense either way. With `held.fallback` (`weights="auto"`), a matrix the kernel
+    /// cannot take is unpacked instead, and its name kept in `held.kept_dense`.
+    pub fn held_linear(&self, module: &str, out: i64, inp: i64, held: &Held, like: &Tensor) -> Result<Linear> {
+        let group = self.config.group_size.unwrap_or(0);
+        if held.weights == Weights::Int4
+            && self.has(&format!("{module}.weight_packed"))
+            && !held.falls_back(&self.full_name(module), out, inp, group)
+        {
+            return held.int4(&self.where_(module), &self.packed(module, out, inp)?, like);
+        }
+        Ok(Linear::Dense(self.linear(module, out, inp, held.dtype, like)?))
+    }
+    // --8<-- [end:held]
+
     /// The rows of a 2-D tensor `[rows, cols]`, left in the mapped file (see `MappedRows`).
     fn mapped_rows(&self, name: &str, dtypes: &[Dtype], rows: i64, cols: i64) -> Result<MappedRows> {
         let (shard, start, end, kind) = self.locate(name, dtypes, &[rows, cols])?;
@@ -188,61 +217,86 @@ impl Checkpoint {
         let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
         Ok(MappedTable::Packed { words, scale, shifts, cols })
     }
-
-    /// A linear layer's weight `[out, in]` in `dtype` on like's device: unpacked once, on the host, if stored
-    /// packed.
-    pub fn linear(&self, module: &str, out: i64, inp: i64, dtype: Kind, like: &Tensor) -> Result<Tensor> {
-        let packed = format!("{module}.weight_packed");
-        if self.has(&packed) {
-            let w = self.packed(module, out, inp)?.dequantize()?;
-            Ok(on(&w.f_to_kind(dtype)?, like)?)
-        } else if self.has(&format!("{module}.weight")) {
-            self.dense(&format!("{module}.weight"), &[out, inp], dtype, like)
-        } else {
-            Err(invalid!("missing {} (nor a dense .weight)", self.where_(&packed)))
-        }
-    }
 }
 
-impl Checkpoint {
-    // --8<-- [start:held]
-    /// A linear layer `[out, in]` on like's device, held as `held` says: a packed matrix kept 4-bit in the int4
-    /// kernel's layout (`Weights::Int4`), or unpacked once into the compute dtype as in step 03. A dense
-    /// checkpoint tensor stays dense either way. With `held.fallback` (`weights="auto"`), a matrix the kernel
-    /// cannot take is unpacked instead, and its name kept in `held.kept_dense`.
-    pub fn held_linear(&self, module: &str, out: i64, inp: i64, held: &Held, like: &Tensor) -> Result<Linear> {
-        let group = self.config.group_size.unwrap_or(0);
-        if held.weights == Weights::Int4
-            && self.has(&format!("{module}.weight_packed"))
-            && !held.falls_back(&self.full_name(module), out, inp, group)
-        {
-            return held.int4(&self.where_(module), &self.packed(module, out, inp)?, like);
-        }
-        Ok(Linear::Dense(self.linear(module, out, inp, held.dtype, like)?))
-    }
-    // --8<-- [end:held]
+// --8<-- [start:unpack]
+/// An int4 matrix kept packed: 8 values per int32 word, low nibble first, stored as `q + 8`, with one scale
+/// per group of columns. Dequantized as compressed-tensors does: `q` times its scale, rounded once to the
+/// scale's dtype (bf16, or f16 in the emb4 tables).
+pub struct Packed {
+    packed: Tensor, // int32 [rows, ceil(cols / 8)]
+    scale: Tensor,  // bf16 or f16 [rows, cols / group]
+    shifts: Tensor, // int32 [0, 4, …, 28]: where each nibble sits in a word
+    cols: i64,
+}
 
-    /// The linears `modules`, each `(name, out)` of `[out, inp]`, as one, stacked in that order as `stacking` says,
-    /// where they are packed and kept 4-bit on one of this step's kernels (`Held::stacking_kernel`); else None, and
-    /// the caller holds each as `held_linear` does.
-    pub fn held_stacked(
-        &self,
-        modules: &[(&str, i64)],
-        inp: i64,
-        stacking: Stacking,
-        held: &Held,
-    ) -> Result<Option<Linear>> {
-        let Some(kernel) = held.stacking_kernel() else { return Ok(None) };
-        let packed = modules.iter().all(|(m, _)| self.has(&format!("{m}.weight_packed")));
-        let group = self.config.group_size.unwrap_or(0);
-        if !packed || modules.iter().any(|&(_, out)| refuses(out, inp, group).is_some()) {
-            return Ok(None);
-        }
-        let parts = modules.iter().map(|&(m, out)| self.packed(m, out, inp)).collect::<Result<Vec<_>>>()?;
-        let names = modules.iter().map(|(m, _)| self.where_(m)).collect::<Vec<_>>().join(" and ");
-        Ok(Some(held.own(&names, &parts.iter().collect::<Vec<_>>(), stacking, kernel)?))
+impl Packed {
+    pub fn new(packed: Tensor, scale: Tensor, cols: i64) -> Result<Packed> {
+        let shifts = Tensor::f_arange_start_step(0, 32, 4, (Kind::Int, Device::Cpu))?;
+        Ok(Packed { packed, scale, shifts, cols })
+    }
+
+    /// The same matrix, still packed, on like's device.
+    pub fn on(&self, like: &Tensor) -> Result<Packed> {
+        let (packed, scale, shifts) = (on(&self.packed, like)?, on(&self.scale, like)?, on(&self.shifts, like)?);
+        Ok(Packed { packed, scale, shifts, cols: self.cols })
+    }
+
+    pub(crate) fn unpack(packed: &Tensor, scale: &Tensor, shifts: &Tensor, cols: i64) -> Result<Tensor> {
+        let nibbles = packed.f_unsqueeze(-1)?.f_bitwise_right_shift(shifts)?.f_bitwise_and(0xF)?;
+        let q = nibbles.f_flatten(-2, -1)?.f_narrow(-1, 0, cols)?.f_sub_scalar(8)?; // offset binary -> [-8, 7]
+        let groups = scale.size()[1];
+        let w = q.f_to_kind(scale.kind())?.f_unflatten(-1, [groups, cols / groups])?.f_mul(&scale.f_unsqueeze(-1)?)?;
+        Ok(w.f_flatten(-2, -1)?)
+    }
+
+    /// The whole matrix, in the scale dtype.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        Self::unpack(&self.packed, &self.scale, &self.shifts, self.cols)
+    }
+
+    /// Bytes one row takes as stored: its packed words and its scales.
+    pub fn row_bytes(&self) -> i64 {
+        self.packed.size()[1] * 4 + self.scale.size()[1] * self.scale.kind().elt_size_in_bytes() as i64
+    }
+
+    /// Bytes the matrix holds: its packed words and its scales.
+    pub fn bytes(&self) -> i64 {
+        self.row_bytes() * self.out_rows()
+    }
+
+    pub fn out_rows(&self) -> i64 {
+        self.packed.size()[0]
+    }
+
+    pub fn cols(&self) -> i64 {
+        self.cols
+    }
+
+    pub fn groups(&self) -> i64 {
+        self.scale.size()[1]
+    }
+
+    /// The scales `[rows, groups]` as stored (bf16 or f16).
+    pub fn scale(&self) -> &Tensor {
+        &self.scale
+    }
+
+    /// The stored nibbles `q + 8` (0..15) of rows `start..start + n`, as int32 `[n, cols]`: what the int4 kernel's
+    /// repack takes, unchanged.
+    pub fn nibbles(&self, start: i64, n: i64) -> Result<Tensor> {
+        let words = self.packed.f_narrow(0, start, n)?;
+        let nibbles = words.f_unsqueeze(-1)?.f_bitwise_right_shift(&self.shifts)?.f_bitwise_and(0xF)?;
+        Ok(nibbles.f_flatten(-2, -1)?.f_narrow(-1, 0, self.cols)?.f_contiguous()?)
+    }
+
+    /// Only the rows `ids` (an embedding lookup), in the scale dtype: the table itself stays packed.
+    pub fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        let packed = self.packed.f_index_select(0, ids)?;
+        Self::unpack(&packed, &self.scale.f_index_select(0, ids)?, &self.shifts, self.cols)
     }
 }
+// --8<-- [end:unpack]
 
 // --8<-- [start:mapped]
 /// The rows of one 2-D tensor `[rows, cols]` as they lie in the memory-mapped file: gathering copies out only
@@ -312,9 +366,57 @@ fn kind_of(dtype: Dtype) -> Kind {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::packed::tests::word;
+
+    /// Eight 4-bit values per int32 word, low nibble first, each stored as `q + 8`.
+    pub(crate) fn word(nibbles: [i64; 8]) -> i32 {
+        nibbles.iter().rev().fold(0u32, |w, &n| (w << 4) | n as u32) as i32
+    }
+
+    #[test]
+    fn words_unpack_low_nibble_first_as_offset_binary() {
+        assert_eq!(word([0, 1, 2, 3, 4, 5, 6, 7]), 0x7654_3210);
+        // the second word has its top bit set: the arithmetic right shift must not leak sign bits into a nibble
+        let words = Tensor::from_slice(&[0x7654_3210, word([8, 9, 10, 11, 12, 13, 14, 15])]).view([1, 2]);
+        let scale = Tensor::from_slice(&[1f32, 1.0]).view([1, 2]).to_kind(Kind::BFloat16);
+        let w = Packed::new(words, scale, 16).unwrap().dequantize().unwrap();
+        assert_eq!(w.kind(), Kind::BFloat16);
+        let want: Vec<f32> = (-8..8).map(|q| q as f32).collect();
+        assert_eq!(Vec::<f32>::try_from(w.view([-1]).to_kind(Kind::Float)).unwrap(), want);
+    }
+
+    #[test]
+    fn each_group_takes_its_scale_and_padding_nibbles_are_dropped() {
+        // 12 columns in 2 words (4 padding nibbles), groups of 4 columns, values 1 + 8 = 9 everywhere
+        let words = Tensor::from_slice(&[word([9; 8]), word([9; 8])]).view([1, 2]);
+        let scale = Tensor::from_slice(&[1f32, 2.0, -0.5]).view([1, 3]).to_kind(Kind::Half);
+        let w = Packed::new(words, scale, 12).unwrap().dequantize().unwrap();
+        assert_eq!((w.size(), w.kind()), (vec![1, 12], Kind::Half));
+        let want = [1f32, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, -0.5, -0.5, -0.5, -0.5];
+        assert_eq!(Vec::<f32>::try_from(w.view([-1]).to_kind(Kind::Float)).unwrap(), want);
+    }
+
+    #[test]
+    fn a_weight_is_q_times_scale_rounded_once_to_the_scale_dtype() {
+        // q = 7 and a bf16 scale of 0.1: the weight is their product rounded once to bf16, kept in bf16
+        let words = Tensor::from_slice(&[word([15; 8])]).view([1, 1]);
+        let scale = Tensor::from_slice(&[0.1f32]).view([1, 1]).to_kind(Kind::BFloat16);
+        let w = Packed::new(words, scale.shallow_clone(), 8).unwrap().dequantize().unwrap();
+        let want = scale.to_kind(Kind::Float).f_mul_scalar(7).unwrap().to_kind(Kind::BFloat16);
+        assert!(w.equal(&want.expand([1, 8], false)));
+    }
+
+    #[test]
+    fn rows_unpack_only_the_gathered_rows() {
+        let words = Tensor::from_slice(&[word([8; 8]), word([9; 8]), word([10; 8])]).view([3, 1]);
+        let scale = Tensor::from_slice(&[1f32, 1.0, 1.0]).view([3, 1]).to_kind(Kind::BFloat16);
+        let table = Packed::new(words, scale, 8).unwrap();
+        let rows = table.rows(&Tensor::from_slice(&[2i64, 0])).unwrap();
+        let want: Vec<f32> = [2f32; 8].into_iter().chain([0f32; 8]).collect();
+        assert_eq!(Vec::<f32>::try_from(rows.view([-1]).to_kind(Kind::Float)).unwrap(), want);
+        assert_eq!(table.row_bytes(), 4 + 2); // one word and one bf16 scale
+    }
 
     /// `t`'s bytes in an anonymous map, read as a table left in a file: row 0 at offset 8, as after a header.
     fn mapped(t: &Tensor) -> MappedRows {

@@ -2,7 +2,6 @@
 from pathlib import Path
 
 import pytest
-import torchtpu_int4
 from torchtpu_rs import checkpoints
 from torchtpu_rs.reference import transformers_model
 
@@ -16,33 +15,6 @@ def tiny() -> Path:
 @pytest.fixture(scope="session")
 def tiny_multimodal() -> Path:
     return checkpoints.tiny("multimodal")
-
-
-# This step's own kernels, and why one does not run here: dot4 needs AVX512-BF16, fma4 AVX2, FMA and F16C, each with
-# ATen allowed that ISA (under ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU, only fma4 runs) and dot4 oneDNN
-# allowed AVX512-BF16 (under ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on Skylake to Ice Lake, fma4 and fma16 run).
-OWN = [pytest.param("dot4", marks=pytest.mark.skipif(not torchtpu_int4.dot4_runs(), reason=(
-           "torchtpu_dot4_mm does not run here (no AVX512-BF16, or ATen kept to AVX2, or oneDNN from AVX512-BF16)"))),
-       pytest.param("fma4", marks=pytest.mark.skipif(not torchtpu_int4.fma4_runs(), reason=(
-           "torchtpu_fma4_mm does not run here (no AVX2, FMA and F16C)")))]
-
-
-@pytest.fixture(scope="session", params=["aten", *OWN])
-def matmul(request) -> str:
-    """Each int4 kernel, as `Engine(int4_matmul=...)` and `Int4Linear(matmul=...)` name them."""
-    return request.param
-
-
-@pytest.fixture(scope="session", params=OWN)
-def own(request) -> str:
-    """Each of this step's own kernels that runs here."""
-    return request.param
-
-
-@pytest.fixture(scope="session")
-def auto_kernel() -> str:
-    """What int4_matmul="auto" takes here for bfloat16 on the CPU: dot4, else fma4, else ATen's."""
-    return "dot4" if torchtpu_int4.dot4_runs() else "fma4" if torchtpu_int4.fma4_runs() else "aten"
 
 
 @pytest.fixture(scope="session")

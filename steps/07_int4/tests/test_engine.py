@@ -1,5 +1,5 @@
-"""Step 07's Engine: step 03's contract plus `weights=` and `int4_matmul=`; int4 (through each kernel) and bf16
-answers agree, and both agree with Transformers, on the tiny random checkpoints of every variant."""
+"""Step 07's Engine: step 03's contract plus `weights=`; int4 and bf16 answers agree, and both agree with
+Transformers, on the tiny random checkpoints of every variant."""
 import json
 import shutil
 import threading
@@ -20,45 +20,12 @@ def cpu():
     return torch.empty(0)
 
 
-def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
+def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny):
     engine = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
-    assert engine.weights == "int4" and engine.int4_matmul == auto_kernel
-    name = {"dot4": "torchtpu_dot4_mm", "fma4": "torchtpu_fma4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[
-        auto_kernel]
-    if auto_kernel == "dot4" and torchtpu_int4.amx4_runs():
-        name += "; products of 4 rows or more by AMX's tiles (torchtpu_amx4_mm)"
-    elif auto_kernel in ("dot4", "fma4") and torchtpu_int4.fma16_runs():
-        name += "; products of 4 rows or more by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm)"
-    if auto_kernel == "dot4" and torchtpu_int4.panels_run():
-        name += ("; prompt chunks of 128 rows or more by panels (torchtpu_unpack_panel, then torch's bf16 matmul on "
-                 "AMX)")
-    if auto_kernel == "fma4" or (auto_kernel == "dot4" and torchtpu_int4.dot4_float_panels_run()):
-        name += ("; prompt chunks of 128 rows or more by float32 panels (torchtpu_unpack_panel_float, then torch's "
-                 "float32 matmul)")
-    assert engine.weights_reason == f"auto: int4 runs on this device, multiplied by {name}"
+    assert engine.weights == "int4"
+    assert engine.weights_reason == "auto: int4 runs on this device, multiplied by aten::_weight_int4pack_mm_for_cpu"
     assert "weights=int4" in repr(engine)
     assert torchtpu_int4.int4_kernel(cpu()) == (True, "aten::_weight_int4pack_mm_for_cpu runs on this device")
-    assert torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights="bf16").int4_matmul is None
-
-
-def test_int4_matmul_chooses_the_kernel_and_refuses_what_cannot_run(tiny):
-    aten = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="aten")
-    assert aten.int4_matmul == "aten" and "aten::_weight_int4pack_mm_for_cpu" in aten.weights_reason
-    with pytest.raises(ValueError, match='int4_matmul="fast": use "dot4", "fma4", "aten" or "auto"'):
-        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul="fast")
-    meta = torch.empty(0, device="meta")
-    for name, runs in (("dot4", torchtpu_int4.dot4_runs()), ("fma4", torchtpu_int4.fma4_runs())):
-        kernel = f"torchtpu_{name}_mm"
-        why = "runs on the CPU only" if runs else "needs a CPU with"
-        with pytest.raises(NotImplementedError, match=f'int4_matmul="{name}": {kernel} {why}'):
-            torchtpu_int4.Engine(tiny / "text", None, meta, CTX, int4_matmul=name)
-        if runs:
-            assert torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, int4_matmul=name).int4_matmul == name
-            with pytest.raises(NotImplementedError, match=f"{kernel} takes bfloat16 activations only"):
-                torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", int4_matmul=name)
-    # float32: auto takes bf16 weights; forced int4 goes to ATen's kernel, the one taking float32
-    forced = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", weights="int4")
-    assert forced.int4_matmul == "aten"
 
 
 def test_float32_auto_keeps_step_03s_weights_and_int4_can_be_forced(tiny, kl):
@@ -135,7 +102,7 @@ def test_a_group_size_the_kernel_does_not_take(tiny, tmp_path):
     shutil.copytree(tiny / "text", folder)
     regroup(folder, 16)
     with pytest.raises(NotImplementedError, match=r"tensor model\.\S+_proj\S* in .*: group_size 16: "
-                                                  r"the int4 kernels take groups of 32, 64, 128 or"):
+                                                  r"the int4 kernel takes groups of 32, 64, 128 or"):
         torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="int4")
     auto = torchtpu_int4.Engine(folder, None, cpu(), CTX)
     assert auto.weights == "int4" and "held bf16" in auto.weights_reason and "q_proj" in auto.weights_reason
@@ -152,7 +119,7 @@ def test_a_tied_head_the_kernel_does_not_take(tiny, tmp_path):
     config = json.loads((twin / "config.json").read_text())
     config["tie_word_embeddings"] = True
     (twin / "config.json").write_text(json.dumps(config))
-    with pytest.raises(NotImplementedError, match="group_size 16: the int4 kernels take groups of 32"):
+    with pytest.raises(NotImplementedError, match="group_size 16: the int4 kernel takes groups of 32"):
         torchtpu_int4.Engine(tiny / "text", twin, cpu(), CTX, weights="int4")
     auto = torchtpu_int4.Engine(tiny / "text", twin, cpu(), CTX)
     assert auto.weights == "int4" and "held bf16: [\"the tied head (embed_tokens)\"]" in auto.weights_reason
@@ -184,17 +151,14 @@ def variant(request, tiny, tiny_multimodal):
 
 
 # --8<-- [start:parity]
-def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, matmul, hf_model, kl, top5_agree):
+def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, hf_model, kl, top5_agree):
     """On the tiny random models (near-uniform logits, the worst case for agreement), in bf16 arithmetic: the same
     five next tokens; the next-token KL of int4 against Transformers in float32 under 1e-2, where the bf16 path
     itself sits at the same distance, and against the bf16 path of the same files under 1.5e-2. (Measured: 2e-3 to
-    7e-3 against bf16, over the 1e-3 the step set itself: the bf16 roundings of every activation, not the weights,
-    make most of it — see the float32 test below; 1.03e-2 for dot4 by AMX's tiles on the 8-token prompt with the emb4
-    twin, 5.2e-3 from Transformers where the bf16 path is 1.9e-3 from it on the other side — the tiles' products are
-    as exact as dot4's own, 23 and 20 of 38,912 outputs not exactly rounded, 2026-12-06.) Through every int4
-    kernel."""
+    7e-3 against bf16: the bf16 roundings of every activation, not the weights, make most of it — see the float32
+    test below.)"""
     name, model, emb4, reference = variant
-    int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4", int4_matmul=matmul)
+    int4 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="int4")
     bf16 = torchtpu_int4.Engine(model, emb4, cpu(), CTX, weights="bf16")
     hf = hf_model(reference)
     for ids in PROMPTS:
@@ -209,21 +173,6 @@ def test_int4_and_bf16_agree_and_both_agree_with_transformers(variant, matmul, h
     if emb4 is None:  # greedy text: the same start (near-ties of a random model part it later, at 23 of 32 here)
         same = same_prefix(int4.generate(PROMPTS[1], 32)[0], bf16.generate(PROMPTS[1], 32)[0])
         assert same >= 8, (name, same)
-
-
-def test_this_steps_kernels_give_atens_answers(variant, own, kl):
-    """ATen's int4 kernel and this step's (dot4, fma4): the same products of the same weights, their float32 sums
-    in other orders (and, with the emb4 twin, its f16 scales exact where ATen's kernel takes them rounded to bf16).
-    An output now and then a bf16 step apart, carried through ten layers of bf16 activations, moves the tiny random
-    models' next-token distributions by about as much as the int4 and bf16 paths differ (KL 7e-4 to 9e-4 for dot4
-    when this test was written); greedy text starts the same (near-ties of a random model part it later: at 12 of
-    16 with the emb4 twin). On the trained model the answers are the same tokens: test_trained.py."""
-    name, model, emb4, _ = variant
-    aten, ours = (torchtpu_int4.Engine(model, emb4, cpu(), CTX, int4_matmul=m) for m in ("aten", own))
-    for ids in PROMPTS:
-        last = [len(ids) - 1]
-        assert kl(aten.logits(ids, last)[0], ours.logits(ids, last)[0]) <= 3e-3, name
-    assert same_prefix(aten.generate(PROMPTS[1], 16)[0], ours.generate(PROMPTS[1], 16)[0]) >= 8, name
 
 
 def test_in_float32_arithmetic_int4_is_within_1e_3_of_bf16(variant, kl):
@@ -254,22 +203,6 @@ def test_the_bf16_path_is_step_03s(tiny, attention_dtype):
     assert ours.attention_dtype == theirs.attention_dtype
     assert torch.equal(ours.logits(PROMPTS[1]), theirs.logits(PROMPTS[1]))
     assert ours.generate(PROMPTS[0], 24)[0] == theirs.generate(PROMPTS[0], 24)[0]
-
-
-@pytest.mark.parametrize("attention_dtype", [None, "float32"])
-def test_short_prompts_attend_over_64_slots_with_step_03s_bits(tiny, tmp_path, attention_dtype):
-    """Step 03 rounds the slots a chunk or a decode step attends over up from the chunk length (the tiny model's
-    window, 16); this step from 64 where the chunk is longer (gemma.rs: SMALLEST_BUCKET). The slots it leaves out are
-    masked ones, so with a window of 128 the bf16 path still gives step 03's logits and tokens bit for bit: after 20
-    and 100 tokens (64 and 128 slots against 128), and decoding past 64."""
-    import torchtpu_rs
-
-    folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
-    ours = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16", attention_dtype=attention_dtype)
-    theirs = torchtpu_rs.Engine(folder, None, cpu(), CTX, attention_dtype=attention_dtype)
-    for ids in (PROMPTS[1][:20], PROMPTS[1][:100]):
-        assert torch.equal(ours.logits(ids), theirs.logits(ids))
-    assert ours.generate(PROMPTS[1][:40], 40)[0] == theirs.generate(PROMPTS[1][:40], 40)[0]
 
 
 def test_generate_contract_holds_in_int4(tiny):
@@ -308,93 +241,3 @@ def test_streaming_sampling_and_decode_slots_hold_in_int4(tiny):
     assert draws(5) == draws(5) != draws(6)
 
 
-@pytest.mark.parametrize("attention_dtype", [None, "float32"])
-def test_decode_attention_own_agrees_with_aten_and_is_the_default_with_this_steps_kernels(tiny, kl, attention_dtype):
-    """decode_attention="own" (torchtpu_attend_one) and "aten" (step 03's ops) make the same tokens — from an empty
-    ring, and from a 201-token prompt, whose sliding rings (32 slots) have wrapped and mask what is out of the window
-    — and one-token passes' logits within float32's other order of sums (this random model's near-ties can flip a
-    token after that many steps: the tokens are compared for 24); "auto" takes own exactly where the linears run on
-    dot4 or fma4."""
-    if not (torchtpu_int4.dot4_runs() or torchtpu_int4.fma4_runs()):
-        pytest.skip("neither of this step's int4 kernels runs here, nor so its attention")
-    own, aten = (torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4",
-                                      attention_dtype=attention_dtype, decode_attention=choice)
-                 for choice in ("auto", "aten"))
-    assert (own.decode_attention, aten.decode_attention) == ("own", "aten")
-    for prompt in PROMPTS:
-        assert own.generate(prompt, 24)[0] == aten.generate(prompt, 24)[0]
-        # a prompt whose last chunk is one token runs that chunk's attention on the kernel too
-        ids = prompt[: len(prompt) - (len(prompt) - 1) % 16]  # whole chunks of 16, then one token
-        last = [len(ids) - 1]
-        assert kl(aten.logits(ids, last)[0], own.logits(ids, last)[0]) <= 1e-4
-    for weights, matmul in (("bf16", "auto"), ("int4", "aten")):
-        engine = torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, weights=weights, int4_matmul=matmul)
-        assert engine.decode_attention == "aten", (weights, matmul)
-
-
-def test_bad_decode_attention_is_named(tiny):
-    with pytest.raises(ValueError, match='decode_attention="fast"'):
-        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, decode_attention="fast")
-    with pytest.raises(NotImplementedError, match="torchtpu_attend_one takes bfloat16"):
-        torchtpu_int4.Engine(tiny / "text", None, cpu(), CTX, "float32", decode_attention="own")
-
-
-@pytest.mark.skipif(not torchtpu_int4.panels_run(),
-                    reason="panels do not run here (no AMX, or ATen kept to AVX2, or oneDNN from AMX)")
-def test_prompt_chunks_of_128_rows_or_more_go_by_panels_as_the_bf16_path_reads_them(tiny, tmp_path, kl):
-    """The tiny model reads prompts in chunks of its window, 16 tokens: never enough rows for the panels. A copy
-    with a window of 128 reads LONG (256 ids) in two chunks of 128 rows, every linear of them by panels, whose
-    weights are the bf16 path's, multiplied by the same bf16 matmul (oneDNN's, on AMX): every position's logits are
-    the bf16 path's, bit for bit (measured on an Intel Xeon with AMX: equal; ATen's int4 kernel on such a read
-    differs from them by a KL of up to 2e-2). Decode steps after it still go through dot4."""
-    folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
-    int4 = torchtpu_int4.Engine(folder, None, cpu(), CTX)
-    bf16 = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16")
-    assert int4.int4_matmul == "dot4" and "by panels" in int4.weights_reason
-    a, b = int4.logits(LONG), bf16.logits(LONG)
-    assert torch.equal(a, b), max(kl(b[i], a[i]) for i in range(len(LONG)))
-    assert same_prefix(int4.generate(LONG, 8)[0], bf16.generate(LONG, 8)[0]) >= 1
-
-
-@pytest.mark.skipif(not torchtpu_int4.amx4_runs(), reason="AMX's tiles do not run here")
-def test_a_short_prompts_products_go_by_amx_tiles_with_dot4s_arithmetic(tiny, kl, monkeypatch):
-    """The tiny model's prompt chunks (16 rows at most) go by AMX's tiles where they run; the same engine made with
-    oneDNN capped below AMX (the cap this step honours, as make bench-avx512's stand-in sets it) multiplies them as
-    an Intel CPU without AMX does, by fma4's arithmetic in 16 lanes (torchtpu_fma16_mm). Both compute the W4A16
-    arithmetic, their float32 sums in other orders (the Rust tests hold each to the exact product), which ten layers
-    of the tiny random model's bf16 activations carry into its near-uniform logits: measured on an Intel Xeon with AMX
-    (2026-12-06), KL at most 2.9e-3 and 7.8e-3 over the two prompts' positions, greedy tokens the same for 14 and 11
-    of 16 (3.2e-3 and 8.4e-3, 14 and 16, against dot4 itself); logits a position apart, what a wrongly read weight
-    gives, differ by KL 1.9 or more."""
-    tiles = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
-    assert "by AMX's tiles (torchtpu_amx4_mm)" in tiles.weights_reason
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert not torchtpu_int4.amx4_runs() and torchtpu_int4.fma16_runs()
-    vector = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", cpu(), CTX)
-    assert vector.int4_matmul == "dot4" and "AMX's tiles" not in vector.weights_reason
-    assert "by fma4's arithmetic in AVX-512's 16 lanes (torchtpu_fma16_mm)" in vector.weights_reason
-    for ids in PROMPTS:
-        a, b = tiles.logits(ids), vector.logits(ids)
-        assert max(kl(b[i], a[i]) for i in range(len(ids))) <= 2e-2
-        assert same_prefix(tiles.generate(ids, 16)[0], vector.generate(ids, 16)[0]) >= 8
-
-
-FLOAT_PANELS = {"fma4": torchtpu_int4.fma4_runs(), "dot4": torchtpu_int4.dot4_float_panels_run()}
-
-
-@pytest.mark.parametrize("kernel", sorted(FLOAT_PANELS))
-def test_prompt_chunks_of_128_rows_or_more_go_by_float32_panels(tiny, tmp_path, kl, kernel):
-    """As above, with a window of 128, for fma4 and, on an Intel CPU where the bf16 panels do not run, dot4: the
-    128-row chunk's linears go by float32 panels, whose weights are exact where the bf16 path's are rounded to bf16,
-    so the logits are near the bf16 path's, not its bits. Measured on an Intel Xeon with AMX (2026-12-06): KL at most
-    0.023 at any position, as for ATen's int4 kernel on the same read (0.023), and 0.043 for fma4 itself with the
-    tiny model's window of 16 (no panels); the same for dot4 with oneDNN kept from AMX; logits a position apart, what
-    a wrongly read weight would give, differ by KL 1.9 or more."""
-    if not FLOAT_PANELS[kernel]:
-        pytest.skip(f"{kernel}'s prompt chunks do not go by float32 panels here")
-    folder = checkpoints.copy_edited(tiny / "text", tmp_path / "text", lambda c: c.update(sliding_window=128))
-    int4 = torchtpu_int4.Engine(folder, None, cpu(), CTX, int4_matmul=kernel)
-    bf16 = torchtpu_int4.Engine(folder, None, cpu(), CTX, weights="bf16")
-    assert "by float32 panels" in int4.weights_reason
-    a, b = int4.logits(PROMPTS[1]), bf16.logits(PROMPTS[1])
-    assert max(kl(b[i], a[i]) for i in range(len(PROMPTS[1]))) <= 5e-2

@@ -1,4 +1,4 @@
-"""Step 07: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
+"""Step 08: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
 beside what reading its bytes would take at this machine's copy speed, and the parts' sum checked against the
 same steps untimed. With --read, the same for the prompt read (Engine.read_budget).
 
@@ -16,7 +16,7 @@ import statistics
 import textwrap
 
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
-import torchtpu_int4
+import torchtpu_kernels
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
 from torchtpu_rs.bandwidth import memory_bandwidth_gb_s
 from transformers import AutoTokenizer
@@ -126,7 +126,7 @@ def main() -> None:
             ap.error(f"--tokens {args.tokens}: only with --read, and 1 <= N <= ctx ({args.ctx})")
         ids = ids[:1] + (ids[1:] * (args.tokens // max(len(ids) - 1, 1) + 1))[:args.tokens - 1]
     gb_s = memory_bandwidth_gb_s()
-    engine = torchtpu_int4.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
+    engine = torchtpu_kernels.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
                                   weights=args.weights, int4_matmul=args.int4_matmul,
                                   decode_attention=args.decode_attention)
     kernel = engine.int4_matmul or "none: bf16 weights"

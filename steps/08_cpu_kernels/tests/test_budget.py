@@ -1,4 +1,4 @@
-"""Step 07's decode budget (budget.rs, budget.py): the parts cover a decode step, time the steps generate makes,
+"""Step 08's decode budget (budget.rs, budget.py): the parts cover a decode step, time the steps generate makes,
 and count every matrix a step reads exactly once."""
 import json
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchtpu_int4
+import torchtpu_kernels
 
 STEP = Path(__file__).resolve().parents[1]
 CTX = 2048
@@ -20,11 +20,11 @@ PARTS = ["embedding gathers", "per-layer model projection", "cache write and mas
 
 
 def test_the_parts_cover_the_steps_generate_makes_and_count_each_matrix_once(tiny, matmul):
-    covers_the_steps(torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul))
+    covers_the_steps(torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul))
 
 
 def test_so_do_the_parts_of_the_bf16_engine(tiny):
-    covers_the_steps(torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, weights="bf16"))
+    covers_the_steps(torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, weights="bf16"))
 
 
 def covers_the_steps(engine):
@@ -49,7 +49,7 @@ def covers_the_steps(engine):
 
 
 def test_the_parts_cover_a_prompt_read_and_count_each_matrix_once_a_chunk(tiny, matmul):
-    engine = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
+    engine = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
     held = engine.memory()
     matrices = [n for n in PARTS if "projection" in n]
     for ids, chunks in ((IDS, 1), (IDS * 5, 3)):  # the tiny model reads 16 tokens a chunk
@@ -76,10 +76,10 @@ def test_attention_is_counted_by_the_slots_it_reads(tiny):
         return {name: b for name, _, b in engine.decode_budget(IDS[:n], 1)["parts"]}["attention over the cache"]
 
     try:
-        own = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="own")
+        own = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="own")
     except NotImplementedError as why:
         pytest.skip(str(why))
-    aten = torchtpu_int4.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="aten")
+    aten = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, decode_attention="aten")
     # after n tokens every layer's query sees n + 1 slots (the tiny window is 16): the own call reads those, ATen's
     # ops every slot of the bucket, the same after 5 tokens as after 6
     assert attention(own, 5) * 7 == attention(own, 6) * 6
@@ -87,7 +87,7 @@ def test_attention_is_counted_by_the_slots_it_reads(tiny):
 
 
 def test_bad_steps_name_the_argument(tiny):
-    engine = torchtpu_int4.Engine(tiny / "text", None, torch.empty(0), 64)
+    engine = torchtpu_kernels.Engine(tiny / "text", None, torch.empty(0), 64)
     for steps in (0, 64, 2**63 - 1):
         with pytest.raises(ValueError, match=rf"decode_budget\(steps={steps}\): need 1 <= steps"):
             engine.decode_budget(IDS, steps)

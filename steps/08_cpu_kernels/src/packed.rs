@@ -1,6 +1,6 @@
 //! The checkpoint's W4A16 "pack-quantized" matrix, as stored, and the shapes this step's int4 kernels take.
 //!
-//! The bottom of step 07's int4 modules: `int4` (ATen's kernel) and `dot4` (this step's own two) repack a `Packed`
+//! The bottom of step 08's int4 modules: `int4` (ATen's kernel) and `dot4` (this step's own two) repack a `Packed`
 //! for their kernels; `linear` picks a kernel; `weights` reads a `Packed` from the checkpoint.
 use tch::{Device, Kind, Tensor};
 

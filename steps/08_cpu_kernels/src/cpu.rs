@@ -1,4 +1,4 @@
-//! What this CPU lets the engine run: the one place step 07 decides a default by the CPU.
+//! What this CPU lets the engine run: the one place step 08 decides a default by the CPU.
 //!
 //! Each answer is the CPU's instruction set as torch itself is allowed to use it: a process started with
 //! `ATEN_CPU_CAPABILITY=avx2` (ATen's dispatch) and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's) runs what an AVX2-only
@@ -100,7 +100,7 @@ pub fn fma16_runs() -> bool {
 /// about twice what `vdpbf16ps` gives dot4 and oneDNN (an AMX Xeon kept from AMX, 2026-12-06: E2B's [12288 × 1536] at
 /// 512 rows 47 ms in float32, 82 in oneDNN's bf16, about 95 by dot4, which took 11.9 at 63 rows). An AMD EPYC Zen 4
 /// runs a 512-bit FMA as two 256-bit halves, so float32 has no such lead there, and dot4 read a 508-token prompt
-/// faster than llama.cpp on one (step 07's record): it keeps every chunk there (MKL's float32 not measured on it).
+/// faster than llama.cpp on one (step 08's record): it keeps every chunk there (MKL's float32 not measured on it).
 pub fn dot4_float_panels_run() -> bool {
     // SAFETY: reads the CPU's vendor, nothing else.
     dot4_runs() && !panels_run() && unsafe { torchtpu_intel() }
