@@ -3,8 +3,9 @@
 //!
 //! Why: on a CPU, ATen's attention of one query token costs what its ops cost to set up, not what the cache's bytes
 //! cost to read — two bf16 matmuls of one row take 30–50 µs each on an AMD EPYC however few slots they score — so
-//! 35 layers took a sixth of an E2B int4 decode step (page 08's budget). The kernel computes the same thing (the
-//! scores' and probabilities' roundings to bf16 with a bf16 cache, float32 sums in other orders, as the int4 kernels),
+//! 35 layers took a sixth of an E2B int4 decode step (docs/steps/08_cpu_kernels/budget.md). The kernel computes the
+//! same thing (the scores' and probabilities' roundings to bf16 with a bf16 cache, float32 sums in other orders, as the
+//! int4 kernels),
 //! each key and value read once for the query heads that share it. It is the default where this step's own int4
 //! kernel runs: `weights="bf16"` stays step 03's engine, bit for bit.
 use tch::{Device, Kind, Tensor};

@@ -1,6 +1,6 @@
 //! Where a decode step's time goes: the forward pass names the part each piece of work belongs to (`timed`), and
 //! while a budget is being taken (`Engine.decode_budget`) each part's time and the bytes it reads add up, so that a
-//! step's time is a sum of named parts (docs/steps/08_cpu_kernels/index.md, "A token's time"). Otherwise `timed` only runs its
+//! step's time is a sum of named parts (docs/steps/08_cpu_kernels/budget.md). Otherwise `timed` only runs its
 //! work: one thread-local flag read.
 //!
 //! A part's time is its own: work timed inside another part (a projection inside attention) counts for the inner

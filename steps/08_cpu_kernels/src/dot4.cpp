@@ -1,6 +1,6 @@
 // This step's own int4 matmul for CPUs with AVX512-BF16 (an Intel Xeon with AMX, an AMD EPYC Zen 4): the same
 // W4A16 arithmetic as ATen's kernel, in fewer instructions per weight and with the next page of weights always
-// on its way from memory. dot4.rs says when it runs and what it computes; docs/steps/08_cpu_kernels/index.md why it is here.
+// on its way from memory. dot4.rs says when it runs and what it computes; docs/steps/08_cpu_kernels/kernels.md why it is here.
 //
 // --8<-- [start:layout]
 // Layout (made by dot4.rs from the checkpoint's words, a shuffle of the same bits):

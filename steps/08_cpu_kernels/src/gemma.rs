@@ -558,7 +558,7 @@ impl PerLayerInputs {
         let (hidden_size, layers, size) = (cfg.hidden_size, cfg.num_hidden_layers, cfg.hidden_size_per_layer_input);
         let rows = cfg.vocab_size_per_layer_input;
         // The largest table (4.7 GB in bf16 at E2B, 1.3 GB packed), of which a token reads one row: with int4
-        // linears it stays in the file, so the engine holds only what every token reads (see docs/steps/08_cpu_kernels/index.md).
+        // linears it stays in the file, so the engine holds only what every token reads (see docs/steps/07_int4.md).
         let name = "embed_tokens_per_layer";
         let table = match held.weights {
             Weights::Int4 => Table::Mapped(table.mapped_table(name, rows, layers * size)?),

@@ -1,7 +1,7 @@
 //! Gemma 4's RMSNorm on the CPU in one call (src/norm.cpp), with the residual add or the rotary embedding after it
 //! when asked, bit for bit what ATen's ops give (gemma.rs' `RmsNorm::forward_in_ops` and `Rotation::rotate`, step 03's): a decode step runs 240 norms at E2B,
-//! and ATen spends more dispatching their eight ops each than computing them — page 08's budget put the small ops
-//! between the matrices at a sixth of a step. The only op whose bits depend on an order, the mean's float32 sum, is
+//! and ATen spends more dispatching their eight ops each than computing them — the budget
+//! (docs/steps/08_cpu_kernels/budget.md) put the small ops between the matrices at a sixth of a step. The only op whose bits depend on an order, the mean's float32 sum, is
 //! summed in ATen's order (norm.cpp's header), so `weights="bf16"` stays step 03's engine bit for bit.
 use std::ffi::c_void;
 

@@ -12,8 +12,8 @@ extern "C" {
 }
 
 /// The greedy tokens, int64 `[rows]`: `logits.argmax(-1)`. One row on the CPU (a decode step's) is scanned by
-/// src/argmax.cpp, which picks what torch's argmax picks (the first largest; the first NaN): page 08's budget put
-/// a step's sampling at 0.3 ms with it, 1.0 ms with ATen's on an AMD EPYC.
+/// src/argmax.cpp, which picks what torch's argmax picks (the first largest; the first NaN): the budget
+/// (docs/steps/08_cpu_kernels/budget.md) put a step's sampling at 0.3 ms with it, 1.0 ms with ATen's on an AMD EPYC.
 pub fn greedy(logits: &Tensor) -> Result<Tensor> {
     let one_row = logits.dim() == 2 && logits.size()[0] == 1 && logits.size()[1] > 0;
     if !(one_row && logits.device() == Device::Cpu && matches!(logits.kind(), Kind::BFloat16 | Kind::Float)) {
