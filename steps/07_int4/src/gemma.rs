@@ -409,7 +409,13 @@ impl PerLayerInputs {
         Ok(PerLayerInputs {
             table,
             table_scale: scalar_in((size as f64).sqrt(), held.dtype)?,
-            model_projection: model.held_linear("per_layer_model_projection", layers * size, hidden_size, held, like)?,
+            model_projection: model.held_linear(
+                "per_layer_model_projection",
+                layers * size,
+                hidden_size,
+                held,
+                like,
+            )?,
             projection_norm: RmsNorm::load(model, "per_layer_projection_norm", size, cfg.rms_norm_eps, like)?,
             hidden_size,
             layers,

@@ -186,7 +186,9 @@ fn choose_weights(weights: &str, dtype: Kind, like: &Tensor) -> PyResult<(Weight
             Ok(()) if dtype == Kind::Float => Ok((
                 Weights::Int4,
                 false,
-                format!("weights=\"int4\" with float32 activations: {kernel}'s scalar path (slow on x86; exact scales)"),
+                format!(
+                    "weights=\"int4\" with float32 activations: {kernel}'s scalar path (slow on x86; exact scales)"
+                ),
             )),
             Ok(()) => Ok((Weights::Int4, false, format!("weights=\"int4\": {kernel}"))),
             Err(why) => Err(PyNotImplementedError::new_err(format!(
