@@ -249,14 +249,17 @@ def results_table(page_dir: str = "") -> str:
     """The home page's results at a glance: parity, then decode speed on two CPU classes beside the article's TPU."""
     parity = json.loads((ROOT / PARITY).read_text())
     top5 = "yes" if parity["top5_rust"]["ids"] == parity["top5_hf"]["ids"] else "no"
+    answers = parity.get("answers") or {}
+    attention = parity.get("attention_dtype") or "not recorded"
     rows = [
-        "| parity with Transformers, bf16 | this project: the trained default model, CPU | the article: the real "
-        "E2B, CPU |",
+        f"| parity with Transformers, bf16 | this project: the trained default model, CPU, attention in {attention} "
+        "| the article: the real E2B, CPU |",
         "|---|---:|---:|",
         f"| next-token top-5 identical | {top5} | {ARTICLE['top5']} |",
         f"| KL(hf ‖ rust), next token | {parity['kl_hf_rs']:.3g} | {ARTICLE['kl']} |",
         f"| max abs logit difference | {parity['max_abs_diff']:.3g} | {ARTICLE['max_abs_diff']} |",
         f"| greedy tokens the same | {parity['same']} of {parity['of']} | {ARTICLE['same']} |",
+        f"| the answer | {'the same' if answers.get('rust') == answers.get('hf') else 'not the same'} | not stated |",
     ]
     classes = [cpu_class(f) for f in HOME if bench_records(f)]
     ways = {c.folder: class_ways(c.folder) for c in classes}
@@ -280,7 +283,9 @@ def results_table(page_dir: str = "") -> str:
     benchmarks = posixpath.relpath("benchmarks.md", page_dir or ".")
     runs = sorted({f"{data['max_new']} greedy tokens after a {len(data['prompt_ids'])}-token prompt"
                    for c in classes for _, data in bench_records(c.folder)})
-    note = (f"Read from the records when the site is built: parity from `{PARITY}`, speed from step 05's records of "
+    parity_page = posixpath.relpath("steps/04_parity.md", page_dir or ".")
+    note = (f"Read from the records when the site is built: parity from `{PARITY}`, which "
+            f"[page 04]({parity_page}) explains, speed from step 05's records of "
             f"an E2B-shaped checkpoint with random weights, {' or '.join(runs)}. "
             f"[Benchmarks by machine]({benchmarks}) lists every record with its date, CPU and versions. The "
             "article's column is its own figures, quoted, not measured here: Gemma 4 E2B-it QAT, 64 greedy tokens, its "

@@ -140,6 +140,14 @@ def test_the_home_tables_figures_are_the_records():
         assert f"{int4['streamed_tok_s']:.1f} · {int4['peak_gb']:.2f}" in table
 
 
+def test_the_parity_the_home_page_claims():
+    """docs/index.md: 'the same five likeliest next tokens and the same answer' as Transformers."""
+    parity = json.loads((REPO / hooks.PARITY).read_text())
+    assert parity["top5_rust"]["ids"] == parity["top5_hf"]["ids"]
+    assert parity["answers"]["rust"] == parity["answers"]["hf"]
+    assert "the same five likeliest next tokens\nand the same answer" in (REPO / "docs" / "index.md").read_text()
+
+
 def test_rust_int4_beats_llamacpp_on_every_class_recorded():
     """docs/index.md and docs/machines.md: 'faster than llama.cpp on every CPU class recorded'."""
     ratios = {f: w["rust-int4"]["streamed_tok_s"] / w["llamacpp-q4_0"]["streamed_tok_s"]
