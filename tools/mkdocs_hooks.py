@@ -67,7 +67,6 @@ class CpuClass:
 CLASSES = [
     CpuClass("cpu-e2b-avx2", "AVX2 only", "an AMD EPYC Zen 3", False),
     CpuClass("cpu-e2b-amx-avx2", "AVX2 only", "an Intel Xeon with AMX, torch kept to AVX2", True),
-    CpuClass("cpu-e2b-xeon-avx2", "AVX2 only", "an Intel Xeon with AVX512-BF16, torch kept to AVX2", True),
     CpuClass("cpu-e2b-amx-avx512core", "AVX-512 without bf16", "an Intel Xeon with AMX, oneDNN kept to AVX512_CORE",
              True),
     CpuClass("cpu-e2b", "AVX512-BF16", "an AMD EPYC Zen 4", False),
