@@ -18,7 +18,7 @@ from safetensors import safe_open
 from torchtpu_longprompt import ARTICLE_FRACTIONS, build_prompt, default_lengths, shortest
 from torchtpu_longprompt.measure import DEFAULT_WAYS, WAYS_HELP, measure, verdict
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
-from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s
+from torchtpu_rs.bandwidth import best_seconds, memory_bandwidth_gb_s, read_bandwidth_gb_s
 from torchtpu_ways.bandwidth import kv_bytes_per_token
 from torchtpu_ways.checkpoint import TextConfig
 from torchtpu_ways.compiling import chunk_shapes
@@ -180,6 +180,7 @@ def main() -> None:
     linear = linear_weights(model)
     rate = matmul_flop_s(text["sliding_window"], text["hidden_size"], text["intermediate_size"])
     bandwidth = memory_bandwidth_gb_s()
+    read_limit, read_kernel = read_bandwidth_gb_s()
     cfg = TextConfig.from_file(model / "config.json")
     name = "E2B-shaped" if args.size == "e2b" else "tiny"
     print(f"{name} checkpoint (random weights), ctx {ctx}, {DTYPE}, on {device}; prompts of {lengths} "
@@ -187,10 +188,11 @@ def main() -> None:
     print(f"bf16 matmul rate (a prompt chunk's linear: {text['sliding_window']} rows × [{text['intermediate_size']} × "
           f"{text['hidden_size']}], best of 20): {rate / 1e9:.0f} GFLOP/s; "
           f"{linear / 1e9:.2f} G linear weights per token", flush=True)
-    print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s", flush=True)
+    print(f"memory bandwidth (a 2 GiB copy, best of 5): {bandwidth:.1f} GB/s, bytes read plus bytes written; the read "
+          f"limit (a 2 GiB read-only stream, best of 5, by {read_kernel}): {read_limit:.1f} GB/s", flush=True)
 
     print(f"{'way':<26}{'prompt':>7}{'read s':>8}{'read tok/s':>11}{'decode':>8}{'GFLOP/tok':>10}"
-          f"{'read_fraction':>14}{'GB/tok':>8}{'decode_fraction':>16}")
+          f"{'read_fraction':>14}{'GB/tok':>8}{'decode_fraction':>16}{'of read limit':>14}")
     rows = []
     ways = args.ways.split(",")
     for length, times in zip(lengths, repeats):
@@ -212,10 +214,12 @@ def main() -> None:
                     cfg, ctx, row["prompt_tokens"], len(row["tokens"]) - 1, row["decode_slots"], row["attention_dtype"],
                     row.get("sliding_slots", "ring"), row.get("kv_read", "slots"))
                 row["decode_fraction"] = row["decode_tok_s"] * row["decode_bytes_per_token"] / (bandwidth * 1e9)
+                row["decode_read_fraction"] = row["decode_tok_s"] * row["decode_bytes_per_token"] / (read_limit * 1e9)
                 # --8<-- [end:fraction]
                 print(f"{row['label']:<26}{row['prompt_tokens']:>7}{row['read_s']:>8.1f}{row['read_tok_s']:>11.1f}"
                       f"{row['decode_tok_s']:>8.2f}{model_gflop:>10.3g}{row['read_fraction']:>14.3f}"
-                      f"{row['decode_bytes_per_token'] / 1e9:>8.2f}{row['decode_fraction']:>16.3f}", flush=True)
+                      f"{row['decode_bytes_per_token'] / 1e9:>8.2f}{row['decode_fraction']:>16.3f}"
+                      f"{row['decode_read_fraction']:>14.3f}", flush=True)
             else:
                 print(f"{row['label']:<26}{row['prompt_tokens']:>7}  n/a: {row['why']}", flush=True)
             these.append(row)
@@ -231,7 +235,8 @@ def main() -> None:
         records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
                            dtype=DTYPE, ctx=ctx,
                            max_new=args.max_new, lengths=lengths, repeats=repeats, matmul_flop_s=rate,
-                           linear_weights=linear, bandwidth_gb_s=bandwidth,
+                           linear_weights=linear, bandwidth_gb_s=bandwidth, read_gb_s=read_limit,
+                           read_kernel=read_kernel,
                            rows=rows, targets=checks)
     chart_path = args.chart or (args.json and str(Path(args.json).with_suffix(".png")))
     if chart_path:

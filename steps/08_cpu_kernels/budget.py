@@ -1,6 +1,7 @@
 """Step 08: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
-beside what reading its bytes would take at this machine's copy speed, and the parts' sum checked against the
-same steps untimed. With --read, the same for the prompt read (Engine.read_budget).
+beside what reading its bytes would take at this machine's read limit (a read-only stream; its copy speed is shown
+too), and the parts' sum checked against the same steps untimed. With --read, the same for the prompt read
+(Engine.read_budget).
 
 usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
                         [--decode-attention auto|own|aten] [--steps 16] [--read [--tokens N]] [--repeat 3]
@@ -18,7 +19,7 @@ import textwrap
 import torch  # noqa: F401  (first: the engine reuses the libtorch it loads)
 import torchtpu_kernels
 from torchtpu_rs import checkpoints, cli, devices, prompting, records
-from torchtpu_rs.bandwidth import memory_bandwidth_gb_s
+from torchtpu_rs.bandwidth import memory_bandwidth_gb_s, read_bandwidth_gb_s
 from transformers import AutoTokenizer
 
 # The prompt of step 05's bench: a plain sentence, 19 tokens with <bos>, the length of the article's.
@@ -51,8 +52,8 @@ def read_rounds(engine, ids: list[int], repeat: int) -> tuple[list[dict], list[f
     return budgets, untimed
 
 
-def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
-    """Median seconds and bytes of each part over the rounds, with each part's time at the copy's speed."""
+def table(budgets: list[dict], untimed: list[float], gb_s: float, copy_gb_s: float) -> dict:
+    """Median seconds and bytes of each part over the rounds, with each part's time at the read limit `gb_s`."""
     parts = []
     for i, (name, _, nbytes) in enumerate(budgets[0]["parts"]):
         ms = statistics.median(b["parts"][i][1] for b in budgets) * 1e3
@@ -60,14 +61,15 @@ def table(budgets: list[dict], untimed: list[float], gb_s: float) -> dict:
     step_ms = sum(p["ms"] for p in parts)
     total_bytes = sum(p["bytes"] for p in parts)
     return {"parts": parts, "step_ms": step_ms, "untimed_step_ms": statistics.median(untimed) * 1e3,
-            "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "copy_gb_s": gb_s}
+            "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "read_gb_s": gb_s,
+            "copy_gb_s": copy_gb_s, "copy_limit_ms": total_bytes / (copy_gb_s * 1e9) * 1e3}
 
 
 def show(result: dict, read: bool) -> None:
-    """The table, its sum against the same work untimed, and that against the bandwidth limit."""
+    """The table, its sum against the same work untimed, and that against the read limit (and the copy's)."""
     unit, what, one = ("a prompt read", "read", "read") if read else ("a decode step", "steps", "step")
     step, untimed = result["step_ms"], result["untimed_step_ms"]
-    print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at copy speed':>18}{'of its limit':>14}")
+    print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at read limit':>18}{'of its limit':>14}")
     for p in result["parts"]:
         of_limit = f"{p['limit_ms'] / p['ms']:.2f}" if p["bytes"] and p["ms"] > 0 else "-"
         print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.2f}"
@@ -76,13 +78,14 @@ def show(result: dict, read: bool) -> None:
           f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
     print(f"the same {what} untimed (generate): {untimed:.2f} ms a {one}; the parts add up to it within "
           f"{abs(step - untimed) / untimed:.1%}")
-    print(f"at the copy's {result['copy_gb_s']:.1f} GB/s the {result['bytes_per_step'] / 1e9:.3f} GB a {one} reads "
-          f"take {result['limit_ms']:.2f} ms: the untimed {one} runs at {result['limit_ms'] / untimed:.2f} of its "
-          "bandwidth limit")
+    print(f"at the read limit's {result['read_gb_s']:.1f} GB/s (a read-only stream, by {result['read_kernel']}) the "
+          f"{result['bytes_per_step'] / 1e9:.3f} GB a {one} reads take {result['limit_ms']:.2f} ms: the untimed {one} "
+          f"runs at {result['limit_ms'] / untimed:.2f} of its read limit; at the copy's {result['copy_gb_s']:.1f} GB/s "
+          f"(read plus write), {result['copy_limit_ms'] / untimed:.2f}")
 
 
 def chart(result: dict, unit: str, title: str, path: str) -> None:
-    """Each part's measured time beside its time at the copy's speed, largest first."""
+    """Each part's measured time beside its time at the read limit, largest first."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +96,7 @@ def chart(result: dict, unit: str, title: str, path: str) -> None:
     y = range(len(parts))
     ax.barh([i + 0.2 for i in y], [p["ms"] for p in parts], 0.4, label="measured")
     ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
-            label=f"its bytes at the copy's {result['copy_gb_s']:.0f} GB/s")
+            label=f"its bytes at the read limit's {result['read_gb_s']:.0f} GB/s")
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
     ax.set_xlabel(f"ms per {unit}")
     ax.legend(loc="lower right", fontsize=8)
@@ -125,7 +128,8 @@ def main() -> None:
         if not args.read or not 1 <= args.tokens <= args.ctx:
             ap.error(f"--tokens {args.tokens}: only with --read, and 1 <= N <= ctx ({args.ctx})")
         ids = ids[:1] + (ids[1:] * (args.tokens // max(len(ids) - 1, 1) + 1))[:args.tokens - 1]
-    gb_s = memory_bandwidth_gb_s()
+    copy_gb_s = memory_bandwidth_gb_s()
+    read_gb_s, read_kernel = read_bandwidth_gb_s()
     engine = torchtpu_kernels.Engine(args.model, args.emb4, devices.like(device), args.ctx, args.dtype,
                                   weights=args.weights, int4_matmul=args.int4_matmul,
                                   decode_attention=args.decode_attention)
@@ -141,7 +145,7 @@ def main() -> None:
         unit = "decode step"
         print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
         budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
-    result = table(budgets, untimed, gb_s)
+    result = {**table(budgets, untimed, read_gb_s, copy_gb_s), "read_kernel": read_kernel}
     show(result, args.read)
     if args.chart:
         chart(result, unit, f"A {unit}'s time by part: {what}", args.chart)

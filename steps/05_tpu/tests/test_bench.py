@@ -72,6 +72,7 @@ def small_bench(tiny, monkeypatch):
     monkeypatch.setattr(bench, "matvec_gb_s", lambda streamed_gb=0.0: matvec(
         n=128, k=64, tries=1, calls=2, streamed_gb=streamed_gb / 1e4))  # a few 16 KB copies, streamed
     monkeypatch.setattr(bench, "memory_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(bench, "read_bandwidth_gb_s", lambda: (11.0, "float32 sum"))
     monkeypatch.setattr(bench, "onednn_against_aten_ms", lambda: {"prompt chunk": {"oneDNN": 1.0, "ATen": 2.0}})
     monkeypatch.setattr(bench, "matvec_bits_apart", lambda: 0)
 
@@ -92,6 +93,7 @@ def test_the_record_holds_the_measured_mat_vec_rates_and_the_chart_lies_beside_i
     for rates in (record["matvec_gb_s"], record["matvec_streamed_gb_s"]):
         assert {"bf16 oneDNN", "bf16 ATen", "int4 ATen"} <= set(rates)
         assert all(isinstance(rate, float) and rate > 0 for rate in rates.values()), rates
+    assert (record["read_gb_s"], record["read_kernel"]) == (11.0, "float32 sum")
     assert (out.parent / "record.png").stat().st_size > 0
 
 

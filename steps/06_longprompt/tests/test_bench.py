@@ -104,11 +104,14 @@ def test_the_benchmark_runs_on_the_tiny_checkpoint(tmp_path):
     assert "targets (ratios from this run):" in proc.stdout
     r = json.loads(out.read_text())
     assert r["matmul_flop_s"] > 0 and r["linear_weights"] > 0 and r["lengths"] == [40, 100]
-    assert r["bandwidth_gb_s"] > 0
+    assert r["bandwidth_gb_s"] > 0 and r["read_gb_s"] > 0 and r["read_kernel"]
     ran = [x for x in r["rows"] if x["available"]]
     assert len(ran) == 4 and all(0 < x["read_fraction"] and x["gflop_per_token"] > 0 for x in ran)
     # a decode step reads at least the weights it holds, and more after the longer prompt (more slots attended)
     assert all(x["decode_bytes_per_token"] > x["bytes_per_token"] and x["decode_fraction"] > 0 for x in ran)
+    # the same bytes against the read limit: a copy also writes, so the two fractions differ by the two rates' ratio
+    ratio = r["bandwidth_gb_s"] / r["read_gb_s"]
+    assert all(abs(x["decode_read_fraction"] - x["decode_fraction"] * ratio) < 1e-9 for x in ran)
     eager = {x["length"]: x["decode_bytes_per_token"] for x in ran if x["way"] == "rust-eager"}
     assert eager[100] > eager[40]
     assert [len(x["read_tok_s_runs"]) for x in ran] == [2, 2, 1, 1] and r["repeats"] == [2, 1]
@@ -145,6 +148,7 @@ def test_the_chart_is_named_after_the_record_whatever_dots_its_folder_has(monkey
     charts = []
     monkeypatch.setattr(bench, "chart", lambda rows, path: charts.append(path))
     monkeypatch.setattr(bench, "memory_bandwidth_gb_s", lambda: 10.0)  # a 2 GiB copy, 5 times: not needed here
+    monkeypatch.setattr(bench, "read_bandwidth_gb_s", lambda: (11.0, "float32 sum"))
     monkeypatch.setattr(bench, "measure", lambda way, *a, **k: {"way": way, "label": way, "available": False,
                                                                 "why": "stubbed", "prompt_tokens": 40})
     out = tmp_path / "runs.v1" / "record"

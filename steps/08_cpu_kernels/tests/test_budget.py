@@ -106,6 +106,9 @@ def test_the_script_prints_the_table_and_writes_the_record(tmp_path):
     assert [p["part"] for p in record["parts"]] == PARTS and len(record["rounds"]) == 2
     assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
     assert record["limit_ms"] > 0 and (tmp_path / "budget.png").stat().st_size > 0
+    # the limit is the read-only stream's; the copy's, which also writes, is beside it
+    assert record["read_gb_s"] > 0 and record["read_kernel"] and record["copy_limit_ms"] > 0
+    assert "of its read limit; at the copy's" in run.stdout
 
 
 def test_the_script_budgets_a_prompt_read_too(tmp_path):
