@@ -135,11 +135,17 @@ def bench_records(folder: str) -> list[tuple[str, dict]]:
     return sorted(found, key=lambda r: r[1]["meta"]["date"], reverse=True)
 
 
+def step_07s(row: dict) -> bool:
+    """Whether a `rust-int4-aten` row is step 07's engine. Records older than step 08 ran that way as step 08's engine
+    on ATen's kernel; its row gives it away by its bucketed sliding rings, which only step 08 has."""
+    return row["way"] != "rust-int4-aten" or row.get("sliding_slots", "ring") == "ring"
+
+
 def bench_ways(folder: str) -> dict[str, tuple[dict, str]]:
     """Each way step 05's bench recorded in a folder: its row (and record name) from the newest record that has it."""
     ways: dict[str, tuple[dict, str]] = {}
     for name, data in bench_records(folder):
-        for row in data["rows"]:
+        for row in filter(step_07s, data["rows"]):
             ways.setdefault(row["way"], (row, name))
     return ways
 

@@ -59,6 +59,17 @@ def test_each_way_comes_from_the_newest_record_that_has_it(runs):
         "the fastest Q4_0 that ran, whatever its build; Q8_0 is not Q4_0"
 
 
+def test_a_rust_int4_aten_row_of_step_08s_engine_is_not_step_07s(runs):
+    """Step 07's engine has step 03's sliding rings; a row with bucketed ones is step 08's engine on ATen's kernel,
+    which older records ran under that name: not shown as step 07's."""
+    folder = runs / "cpu-e2b-amx"
+    record(folder, "05_tpu", "2026-01-01T00:00:00+00:00",
+           [row("rust-int4", 3.0, sliding_slots="bucket"), row("rust-int4-aten", 2.0, sliding_slots="bucket")])
+    assert hooks.class_ways("cpu-e2b-amx")["rust-int4-aten"] is None
+    record(folder, "05_tpu-peer", "2026-01-02T00:00:00+00:00", [row("rust-int4-aten", 1.5, sliding_slots="ring")])
+    assert hooks.class_ways("cpu-e2b-amx")["rust-int4-aten"]["streamed_tok_s"] == 1.5
+
+
 def test_a_newer_record_that_says_not_available_wins_over_an_older_run(runs):
     folder = runs / "cpu-e2b"
     record(folder, "05_tpu", "2026-01-01T00:00:00+00:00", [row("python-compile", 3.0)])
