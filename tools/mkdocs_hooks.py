@@ -4,7 +4,8 @@ fails the build):
 - generated from the current records under docs/runs/ (one folder per CPU class), each a page line of its own:
   `<!-- results -->` the home page's results at a glance (parity, and decode speed beside the source article's
   TPU figures), `<!-- results:cpu-classes -->` page 05's table of every CPU class, `<!-- results:machines -->`
-  each class's int4 kernel and Rust int4 against llama.cpp, `<!-- records:all -->` every record with its header
+  each class's int4 kernel and Rust int4 against llama.cpp, `<!-- results:matvec -->` and `<!-- results:peer -->`
+  page 08's mat-vec fractions and decode beside llama.cpp, `<!-- records:all -->` every record with its header
   ("Benchmarks by machine"). Any other `results`/`records` marker fails the build, so none reaches a page;
 - a page line `<!-- colab -->` becomes the "Open in Colab" link to the notebook, made from the repository
   and branch the Pages workflow builds (GITHUB_REPOSITORY, GITHUB_REF_NAME); a build without them (a local
@@ -332,8 +333,62 @@ def records_page(page_dir: str = "") -> str:
     return "\n".join(out)
 
 
+# One kernel's rate in a record's mat-vec line: `int4 fma4 (step 08) 23.9 GB/s (1.06 of the copy, ...)`.
+MATVEC = re.compile(r"(?:, |: )(bf16 oneDNN|bf16 ATen|int4 ATen|int4 dot4|int4 fma4)(?: \(step 0\d\))? "
+                    r"[\d.]+ GB/s \(([\d.]+) of the copy")
+MATVEC_KERNELS = [("dot4", "int4 dot4"), ("fma4", "int4 fma4"), ("ATen's", "int4 ATen")]
+
+
+def matvec_fractions(folder: str) -> tuple[str, dict[str, dict[str, float]]] | None:
+    """The newest step-05 record of a folder with mat-vec lines: its name, and each kernel's fraction of the copy,
+    warm and streamed, as its printed lines give them (the printed lines: some older JSON holds labels there)."""
+    for name, _ in bench_records(folder):
+        text = (RUNS / folder / f"{name}.txt").read_text(encoding="utf-8")
+        starts = {kind: f"one [6144 × 1536] mat-vec, {kind}" for kind in ("warm", "streamed")}
+        lines = {kind: next((line for line in text.splitlines() if line.startswith(start)), None)
+                 for kind, start in starts.items()}
+        if all(lines.values()):
+            return name, {kind: {k: float(f) for k, f in MATVEC.findall(line)} for kind, line in lines.items()}
+    return None
+
+
+def matvec_table(page_dir: str = "") -> str:
+    """Page 08's table: each int4 kernel's mat-vec as a fraction of the copy, warm and streamed, per class."""
+    heads = [f"{name} {kind}" for kind in ("warm", "streamed") for name, _ in MATVEC_KERNELS]
+    rows = ["| CPU class | made on | record | " + " | ".join(heads) + " |", "|---|---|---|" + "---:|" * len(heads)]
+    for folder in bench_folders():
+        found = matvec_fractions(folder)
+        if found is None:
+            continue
+        name, fractions = found
+        c = cpu_class(folder)
+        cells = [f"{fractions[kind][key]:.2f}" if key in fractions[kind] else ""
+                 for kind in ("warm", "streamed") for _, key in MATVEC_KERNELS]
+        rows.append(f"| {class_link(c, page_dir)} | {made_on(c)} | `{folder}/{name}` | " + " | ".join(cells) + " |")
+    return ("One [6144 × 1536] mat-vec through each int4 kernel, as a fraction of the copy in the same run, from each "
+            "class's newest step-05 record. Blank: a kernel the class cannot run.\n\n" + "\n".join(rows))
+
+
+def peer_table(page_dir: str = "") -> str:
+    """Page 08's decode table: Rust int4 beside llama.cpp's fastest Q4_0 of the same records, per class."""
+    rows = ["| CPU class | made on | Rust int4 tok/s | its fraction | llama.cpp's best Q4_0 | tok/s | its fraction "
+            "| ratio |", "|---|---|---:|---:|---|---:|---:|---:|"]
+    for folder in bench_folders():
+        c, ways = cpu_class(folder), class_ways(folder)
+        int4, peer = ways["rust-int4"], ways["llamacpp-q4_0"]
+        if not (int4 and peer and int4["available"]):
+            continue
+        rows.append(f"| {class_link(c, page_dir)} | {made_on(c)} | {int4['streamed_tok_s']:.1f} | "
+                    f"{int4['bandwidth_fraction']:.2f} | {llamacpp_label(peer['llamacpp_way'])} | "
+                    f"{peer['streamed_tok_s']:.1f} | {peer['bandwidth_fraction']:.2f} | "
+                    f"{int4['streamed_tok_s'] / peer['streamed_tok_s']:.2f} |")
+    return ("Decode tok/s after a 19-token prompt at a 33,024-token context, and each fraction of the copy's rate, "
+            "from each class's newest step-05 records.\n\n" + "\n".join(rows))
+
+
 GENERATED = {"results": results_table, "results:cpu-classes": cpu_classes_table,
-             "results:machines": machines_table, "records:all": records_page}
+             "results:machines": machines_table, "results:matvec": matvec_table, "results:peer": peer_table,
+             "records:all": records_page}
 GENERATED_MARKER = re.compile(r"^<!-- ((?:results|records)(?::[\w-]+)?) -->$", re.MULTILINE)
 
 

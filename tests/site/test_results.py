@@ -59,6 +59,33 @@ def test_each_way_comes_from_the_newest_record_that_has_it(runs):
         "the fastest Q4_0 that ran, whatever its build; Q8_0 is not Q4_0"
 
 
+def test_the_matvec_table_reads_each_kernels_fraction_from_the_printed_lines(runs):
+    """The mat-vec fractions come from a record's printed lines, warm and streamed, by kernel; a kernel the class
+    cannot run is a blank cell."""
+    folder = runs / "cpu-e2b-avx2"
+    record(folder, "05_tpu", "2026-01-01T00:00:00+00:00", [row("rust-int4", 3.0)])
+    (folder / "05_tpu.txt").write_text(
+        "# recorded 2026-01-01 on cpu (Some CPU, AVX2, 2 cores)\n$ python steps/05_tpu/bench.py\n"
+        "one [6144 × 1536] mat-vec, warm in cache (best of 7 × 200 calls): bf16 oneDNN 9.0 GB/s (0.40 of the copy), "
+        "int4 ATen 8.0 GB/s (0.37 of the copy, 0.30 of the read limit), int4 fma4 (step 08) 23.0 GB/s (1.06 of the "
+        "copy, 0.90 of the read limit)\n"
+        "one [6144 × 1536] mat-vec, streamed from memory (0.4 GB of distinct copies, best of 7 × 200 calls): int4 ATen "
+        "7.5 GB/s (0.35 of the copy), int4 fma4 (step 07) 16.0 GB/s (0.73 of the copy)\n")
+    name, fractions = hooks.matvec_fractions("cpu-e2b-avx2")
+    assert name == "05_tpu"
+    assert fractions == {"warm": {"bf16 oneDNN": 0.40, "int4 ATen": 0.37, "int4 fma4": 1.06},
+                         "streamed": {"int4 ATen": 0.35, "int4 fma4": 0.73}}
+    table = hooks.matvec_table()
+    assert "|  | 1.06 | 0.37 |  | 0.73 | 0.35 |" in table, table
+
+
+def test_the_peer_table_divides_rust_int4_by_llamacpps_best_q4_0(runs):
+    record(runs / "cpu-e2b-avx2", "05_tpu", "2026-01-01T00:00:00+00:00",
+           [row("rust-int4", 13.3, 0.76), row("llamacpp-avx2-q4_0", 12.3, 0.78),
+            row("llamacpp-avx2-q4_0-norepack", 8.5)])
+    assert "| 13.3 | 0.76 | avx2 build, repacked | 12.3 | 0.78 | 1.08 |" in hooks.peer_table()
+
+
 def test_a_rust_int4_aten_row_of_step_08s_engine_is_not_step_07s(runs):
     """Step 07's engine has step 03's sliding rings; a row with bucketed ones is step 08's engine on ATen's kernel,
     which older records ran under that name: not shown as step 07's."""
