@@ -95,6 +95,16 @@ pub fn fma16_runs() -> bool {
     fma16_can_run() && unsafe { torchtpu_intel() }
 }
 
+/// Whether fma4 reads its nibbles as float32 subnormals rather than converting them (`torchtpu_fma4_subnormal_mm`,
+/// fma4.cpp): on an AMD CPU, where the convert runs on fewer vector pipes than the AND and the FMA and set a decode
+/// step's pace (an AMD EPYC Zen 3 kept to AVX2, both threads, a block's 16 rows over 2,048 columns: 26.5 GB/s of
+/// nibbles converted, 31 read as subnormals, warm in cache). Both forms give the same bits. Intel's cores are left
+/// the convert: an FMA of a subnormal input may take a microcode assist on some of them, and none was measured here.
+pub fn fma4_subnormals() -> bool {
+    // SAFETY: reads the CPU's vendor, nothing else.
+    !unsafe { torchtpu_intel() }
+}
+
 /// Whether dot4's prompt chunks go by float32 panels where the bf16 ones do not run (`torchtpu_unpack_panel_float`,
 /// then torch's float32 matmul, as fma4's): on an Intel CPU, whose two 512-bit FMA units give MKL's float32 product
 /// about twice what `vdpbf16ps` gives dot4 and oneDNN (an AMX Xeon kept from AMX, 2026-12-06: E2B's [12288 × 1536] at

@@ -68,6 +68,8 @@ products! {
     torchtpu_dot4_mm;
     /// fma4.cpp: AVX2, FMA and F16C
     torchtpu_fma4_mm;
+    /// fma4.cpp: the same product, its nibbles read as float32 subnormals instead of converted (`cpu::fma4_subnormals`)
+    torchtpu_fma4_subnormal_mm;
     /// fma4.cpp: fma4's arithmetic in AVX-512's 16 lanes
     torchtpu_fma16_mm;
     /// amx4.cpp: dot4's arithmetic on AMX's tiles
@@ -206,9 +208,11 @@ impl Kernel {
         }
     }
 
+    /// Its product here: fma4's reads its nibbles as subnormals where that is the faster form (cpu.rs).
     fn multiply(self) -> Multiply {
         match self {
             Kernel::Dot4 => torchtpu_dot4_mm,
+            Kernel::Fma4 if cpu::fma4_subnormals() => torchtpu_fma4_subnormal_mm,
             Kernel::Fma4 => torchtpu_fma4_mm,
         }
     }
@@ -281,6 +285,8 @@ pub struct OwnLinear {
     panels: Option<Panels>,
     /// What its products of a prompt's rows go by (`Kernel::prompt`), decided here too.
     prompt: Option<Prompt>,
+    /// The kernel's product in this process (`Kernel::multiply`), decided here too.
+    multiply: Multiply,
     stacking: Stacking,
     bytes: i64,
     /// The memory `words` and `scales` are views of, kept as long as they are.
@@ -374,8 +380,8 @@ impl OwnLinear {
             at += rows / 16;
         }
         let bytes = [&words, &scales].iter().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum();
-        let (panels, prompt) = (kernel.panels(), kernel.prompt());
-        Ok(OwnLinear { words, scales, group, kernel, panels, prompt, stacking, bytes, _pages: pages })
+        let (panels, prompt, multiply) = (kernel.panels(), kernel.prompt(), kernel.multiply());
+        Ok(OwnLinear { words, scales, group, kernel, panels, prompt, multiply, stacking, bytes, _pages: pages })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -479,7 +485,7 @@ impl OwnLinear {
         };
         let multiply = match self.prompt {
             Some(prompt) if m >= prompt.min_rows() => prompt.multiply(),
-            _ => self.kernel.multiply(),
+            _ => self.multiply,
         };
         let y = Tensor::f_empty([m, outputs], (Kind::BFloat16, Device::Cpu))?;
         if m > 0 {
@@ -577,17 +583,19 @@ mod tests {
     use super::*;
     use crate::packed::tests::{random_matrix, random_matrix_scaled_in};
 
-    /// A kernel, and what its products of a prompt's rows go by (None: the kernel itself at every row count).
+    /// A kernel, its product (fma4's in either form), and what its products of a prompt's rows go by (None: the
+    /// kernel itself at every row count).
     #[derive(Clone, Copy, Debug)]
     struct Way {
         kernel: Kernel,
+        multiply: Multiply,
         prompt: Option<Prompt>,
     }
 
     /// A kernel the way the engine holds it here.
     impl From<Kernel> for Way {
         fn from(kernel: Kernel) -> Way {
-            Way { kernel, prompt: kernel.prompt() }
+            Way { kernel, multiply: kernel.multiply(), prompt: kernel.prompt() }
         }
     }
 
@@ -601,7 +609,7 @@ mod tests {
     ) -> Result<OwnLinear> {
         let way = way.into();
         let mut linear = OwnLinear::new(name, parts, stacking, way.kernel, arena)?;
-        linear.prompt = way.prompt;
+        (linear.multiply, linear.prompt) = (way.multiply, way.prompt);
         Ok(linear)
     }
 
@@ -611,16 +619,21 @@ mod tests {
     }
 
     /// Each way of this step's kernels that can run here, whether or not the engine takes it here: each kernel by
-    /// itself at every row count, fma4's arithmetic in 16 lanes wherever AVX-512 runs (the engine takes it on an
-    /// Intel CPU without AMX), and dot4 by AMX's tiles where AMX runs.
+    /// itself at every row count (fma4 in both its forms), fma4's arithmetic in 16 lanes wherever AVX-512 runs (the
+    /// engine takes it on an Intel CPU without AMX), and dot4 by AMX's tiles where AMX runs.
     fn ways_here() -> Vec<Way> {
         let kernels = kernels_here();
-        let mut here: Vec<Way> = kernels.iter().map(|&kernel| Way { kernel, prompt: None }).collect();
+        let mut here: Vec<Way> = kernels.iter().map(|&kernel| Way { prompt: None, ..Way::from(kernel) }).collect();
+        if Kernel::Fma4.runs() {
+            // the form the engine does not take here
+            let other: Multiply = if cpu::fma4_subnormals() { torchtpu_fma4_mm } else { torchtpu_fma4_subnormal_mm };
+            here.push(Way { kernel: Kernel::Fma4, multiply: other, prompt: None });
+        }
         if let (Some(&kernel), true) = (kernels.first(), cpu::fma16_can_run()) {
-            here.push(Way { kernel, prompt: Some(Prompt::Fma16) });
+            here.push(Way { prompt: Some(Prompt::Fma16), ..Way::from(kernel) });
         }
         if Kernel::Dot4.runs() && cpu::amx4_runs() {
-            here.push(Way { kernel: Kernel::Dot4, prompt: Some(Prompt::Amx4) });
+            here.push(Way { prompt: Some(Prompt::Amx4), ..Way::from(Kernel::Dot4) });
         }
         here
     }
@@ -994,6 +1007,66 @@ mod tests {
             let same = dot4.eq_tensor(&fma4).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
             assert!(same > 0.95, "m={m}: only {same} of the outputs are the same bits");
         }
+    }
+
+    /// fma4 held in each form: converted, and read as subnormals.
+    fn fma4_forms(w: &Packed) -> [OwnLinear; 2] {
+        [torchtpu_fma4_mm as Multiply, torchtpu_fma4_subnormal_mm]
+            .map(|multiply| alone("w", w, Way { kernel: Kernel::Fma4, multiply, prompt: None }).unwrap())
+    }
+
+    #[test]
+    fn fma4s_two_forms_give_the_same_bits() {
+        if !Kernel::Fma4.runs() {
+            eprintln!("skipped: fma4 does not run here");
+            return;
+        }
+        // the same products scaled by another power of two, so the same sums: every row count of a pass, a short
+        // prompt's, activations of many sizes (a float32 sum's order shows in bf16 bits where outputs cancel), bf16
+        // and f16 scales, and the gelu of a pair on the way out
+        tch::manual_seed(13);
+        for scale_kind in [Kind::BFloat16, Kind::Half] {
+            let w = random_matrix_scaled_in(2048, 1536, 13, scale_kind);
+            let [converted, subnormal] = fma4_forms(&w);
+            for m in [1, 2, 3, 4, 5, 19] {
+                let sizes = (Tensor::randn([m, 1536], (Kind::Float, Device::Cpu)) * 3.0).exp();
+                let x = (Tensor::randn([m, 1536], (Kind::Float, Device::Cpu)) * sizes).to_kind(Kind::BFloat16);
+                let (a, b) = (converted.forward(&x).unwrap(), subnormal.forward(&x).unwrap());
+                assert!(a.view_dtype(Kind::Int16).equal(&b.view_dtype(Kind::Int16)), "{scale_kind:?}, m={m}");
+            }
+        }
+        let (gate, up) = (random_matrix(64, 192, 6), random_matrix(64, 192, 7));
+        let [converted, subnormal] = [torchtpu_fma4_mm as Multiply, torchtpu_fma4_subnormal_mm].map(|multiply| {
+            let way = Way { kernel: Kernel::Fma4, multiply, prompt: None };
+            held("gate and up", &[&gate, &up], Stacking::Pairs, way, &mut Arena::new()).unwrap()
+        });
+        let x = (Tensor::randn([3, 192], (Kind::Float, Device::Cpu)) * 8.0).to_kind(Kind::BFloat16);
+        let bits = |t: Tensor| t.view_dtype(Kind::Int16);
+        assert!(bits(converted.gelu_of_halves(&x).unwrap()).equal(&bits(subnormal.gelu_of_halves(&x).unwrap())));
+    }
+
+    #[test]
+    #[allow(deprecated)] // _mm_getcsr and _mm_setcsr: the flags themselves are what this test sets
+    fn fma4s_subnormal_form_reads_its_nibbles_with_denormals_are_zero_set() {
+        use std::arch::x86_64::{_mm_getcsr, _mm_setcsr};
+        if !Kernel::Fma4.runs() {
+            eprintln!("skipped: fma4 does not run here");
+            return;
+        }
+        // what torch.set_flush_denormal(True) sets on the thread that calls it (MXCSR's denormals-are-zero and
+        // flush-to-zero): this thread computes the first blocks of the product, which would read every nibble as 0
+        let w = random_matrix(64, 192, 8);
+        let [converted, subnormal] = fma4_forms(&w);
+        let x = Tensor::randn([1, 192], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let want = converted.forward(&x).unwrap();
+        // SAFETY: sets this thread's floating-point flags, and restores them below
+        let saved = unsafe { _mm_getcsr() };
+        unsafe { _mm_setcsr(saved | 1 << 6 | 1 << 15) };
+        let got = subnormal.forward(&x);
+        let after = unsafe { _mm_getcsr() };
+        unsafe { _mm_setcsr(saved) };
+        assert_eq!(after, saved | 1 << 6 | 1 << 15, "the kernel restores the thread's flags");
+        assert!(got.unwrap().equal(&want));
     }
 
     #[test]

@@ -16,6 +16,19 @@
 // A row's activations are first scaled by a power of two that brings its largest to [2^30, 2^31) (undone on the
 // output), so the 2^-24 never takes a small activation below float32's normal range: every product is exact for
 // activations within 2^133 of their row's largest.
+//
+// --8<-- [start:subnormal]
+// On AMD's cores even the convert is one instruction too many: a decode step's row spends an AND, a convert and an
+// FMA on 8 weights, and the convert runs on fewer of the core's vector pipes than the other two, so the arithmetic,
+// not memory, set the pace. So there (cpu.rs decides) the masked word is not converted at all: with its nibble in the
+// low 23 bits and nothing above, its bits are a float32 subnormal, u · 2^(4q - 149) for a nibble at bit 4q, which an
+// FMA multiplies exactly like any float. The high half's nibbles are shifted down 16 bits first (one shift per word,
+// not per nibble), so every nibble sits at q < 4, and its column's activation is stored times 2^(149 - 4q) instead of
+// 16^-p. For that to stay below float32's largest, a row is scaled to [2^-22, 2^-21) rather than [2^30, 2^31); the
+// products and sums are then the same ones, scaled by another power of two, so the bits of y are the same either way
+// for activations within 2^104 of their row's largest. Subnormal inputs would read as zero with the CPU's
+// denormals-are-zero flag set (torch.set_flush_denormal(True) sets it), so each block clears it while it runs.
+// --8<-- [end:subnormal]
 #include "bf16.h"
 #include "blocks.h"
 
@@ -24,6 +37,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -42,6 +57,16 @@ float undo(int c) {
   return p == 7 ? 1.0f : std::ldexp(1.0f, -4 * p);
 }
 
+// In the subnormal form (SUB below) a nibble below bit 20 is read where it lies; the three above (p = 5, 6, 7) are
+// shifted down to bit 0 first, each by its own shift (one shifted word held for all three took two more registers
+// than the sums leave). The bit column c's nibble is read at:
+constexpr int subnormal_bit(int c) { return position(c) <= 4 ? 4 * position(c) : 0; }
+
+// What a column's activation is multiplied by in the subnormal form: 2^(149 - bit), in two factors, since 2^149 is
+// beyond float32: 2^64 (LIFT) and 2^(85 - bit).
+constexpr float LIFT = 18446744073709551616.0f;  // 2^64
+float undo_subnormal(int c) { return std::ldexp(1.0f, 85 - subnormal_bit(c)); }
+
 // The masks that leave column c's nibble where it lies (the top one is shifted down instead: unused), read from
 // memory by the AND itself: seven constants held in registers crowded out the sums, which then went through the
 // stack at every octet (the first version of this kernel, 0.58 of the copy warm on an AMD EPYC).
@@ -49,18 +74,39 @@ alignas(32) const int32_t MASKS[8][8] = {
 #define M(p) {0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), \
               0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p), 0xF << (4 * p)}
     M(0), M(4), M(1), M(5), M(2), M(6), M(3), {0, 0, 0, 0, 0, 0, 0, 0}};
+// and those of the subnormal form, for column c's nibble at subnormal_bit(c) (the top one unused)
+alignas(32) const int32_t SUBNORMAL_MASKS[8][8] = {M(0), M(4), M(1), M(0), M(2), M(0), M(3), M(0)};
 #undef M
+
+// While a block is computed, the CPU's denormals-are-zero flag (MXCSR's bit 6) cleared where it was set, so the subnormal
+// form's nibbles read as what they are; the thread's flags restored after.
+class SubnormalsRead {
+ public:
+  SubnormalsRead() : saved_(_mm_getcsr()) {
+    if (saved_ & DAZ) _mm_setcsr(saved_ & ~DAZ);
+  }
+  ~SubnormalsRead() {
+    if (saved_ & DAZ) _mm_setcsr(saved_);
+  }
+  SubnormalsRead(const SubnormalsRead&) = delete;
+  SubnormalsRead& operator=(const SubnormalsRead&) = delete;
+
+ private:
+  static constexpr unsigned DAZ = 1u << 6;
+  unsigned saved_;
+};
 
 // Rows m..m+R of y for one block of 16 outputs. xs [R, K] float32: the activations scaled as above; corr [R,
 // groups]: 8 · Σx of each group, scaled alike; unscale [R]: the power of two that undoes the row's scaling; s the
-// block's scales (f16 if F16, else bf16).
-template <int R, bool F16>
+// block's scales (f16 if F16, else bf16). SUB: the nibbles read as subnormals, not converted.
+template <int R, bool F16, bool SUB>
 __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, const float* corr, int64_t groups,
                                                     const float* unscale, const int32_t* w, const uint16_t* s,
                                                     int64_t group, uint16_t* y, int64_t N) {
   // P sums per row and half, so that enough FMAs are in flight (an FMA waits 4 cycles for its sum), and no more:
   // every register a sum takes is one the compiler cannot give a word or a product
   constexpr int P = R == 1 ? 3 : R == 2 ? 2 : 1;
+
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int64_t octets = group / 8;
@@ -78,11 +124,14 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 8))};
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {  // column k + c, its nibble at bit 4p of every lane
-        const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(MASKS[c]));
+        const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(SUB ? SUBNORMAL_MASKS[c] : MASKS[c]));
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
-          const __m256i nibble = c == 7 ? _mm256_srli_epi32(word[h], 28) : _mm256_and_si256(word[h], mask);
-          const __m256 u = _mm256_cvtepi32_ps(nibble);  // u · 16^p (u for the top nibble), exact
+          // u · 16^p (u for the top nibble), or SUB: the bits of u · 2^(subnormal_bit - 149)
+          const __m256i nibble = c == 7                ? _mm256_srli_epi32(word[h], 28)
+                                 : SUB && position(c) > 4 ? _mm256_and_si256(_mm256_srli_epi32(word[h], 4 * position(c)), mask)
+                                                          : _mm256_and_si256(word[h], mask);
+          const __m256 u = SUB ? _mm256_castsi256_ps(nibble) : _mm256_cvtepi32_ps(nibble);  // exact
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r)
             part[r][h][c % P] = _mm256_fmadd_ps(u, _mm256_broadcast_ss(xk + r * K + c), part[r][h][c % P]);
@@ -177,20 +226,26 @@ __attribute__((target("avx512f,avx512bw"))) void block16(const float* xs, const 
 }
 // --8<-- [end:wide]
 
-template <bool F16, bool WIDE>
+template <bool F16, bool WIDE, bool SUB = false>
 void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* y, int64_t M, int64_t N, int64_t K,
               int64_t group, int gelu_lanes, const uint16_t* up) {
   const int64_t groups = K / group;
   // the scaled activations: [M, K], or for the 16-lane blocks [M / PASS, K, PASS] (rows padded with zeros)
   std::vector<float> xs(WIDE ? (M + PASS - 1) / PASS * PASS * K : M * K), corr(M * groups), unscale(M);
   float factor[8];
-  for (int c = 0; c < 8; ++c) factor[c] = undo(c);
+  for (int c = 0; c < 8; ++c) factor[c] = SUB ? undo_subnormal(c) : undo(c);
+  const float lift = SUB ? LIFT : 1.0f;
+  const int top = SUB ? -21 : 31;  // the row's largest brought to [2^(top - 1), 2^top)
   for (int64_t m = 0; m < M; ++m) {
+    // the largest finite activation (an infinite one or a NaN makes every output of its row infinite or NaN anyway)
     float largest = 0;
-    for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(bf16_to_float(x[m * K + k])));
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = std::fabs(bf16_to_float(x[m * K + k]));
+      if (std::isfinite(a)) largest = std::max(largest, a);
+    }
     int e = 0;
-    if (std::isfinite(largest) && largest > 0) std::frexp(largest, &e);  // largest in [2^(e-1), 2^e)
-    const int shift = std::isfinite(largest) && largest > 0 ? 31 - e : 0;
+    if (largest > 0) std::frexp(largest, &e);  // largest in [2^(e-1), 2^e)
+    const int shift = largest > 0 ? top - e : 0;
     unscale[m] = std::ldexp(1.0f, -shift);
     // x · 2^shift as std::ldexp rounds it: one multiply where 2^shift is a normal float32, not a libm call per value
     const bool normal = shift >= -126 && shift <= 127;
@@ -199,7 +254,7 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     const int64_t step = WIDE ? PASS : 1;
     group_sums(x + m * K, groups, group, 8.0f, corr.data() + m * groups, [&](int64_t k, float value) {
       const float v = normal ? value * power : std::ldexp(value, shift);
-      xsm[k * step] = v * factor[k % 8];
+      xsm[k * step] = v * lift * factor[k % 8];
       return v;
     });
   }
@@ -210,6 +265,8 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
     const float* xm = xs.data() + m * K;  // for the 16-lane blocks, m is a multiple of PASS: pass m / PASS
     const float* cm = corr.data() + m * groups;
     const float* um = unscale.data() + m;
+    // SUB: kept out of `block` itself, where it cost the sums their registers
+    [[maybe_unused]] const std::conditional_t<SUB, SubnormalsRead, std::monostate> flags;
     if constexpr (WIDE) {
       switch (rows) {
         case 1: block16<1, F16>(xm, cm, groups, um, wb, sb, group, out, stride); break;
@@ -223,10 +280,10 @@ void multiply(const uint16_t* x, const int32_t* w, const uint16_t* s, uint16_t* 
       }
     } else {
       switch (rows) {
-        case 1: block<1, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-        case 2: block<2, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-        case 3: block<3, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
-        default: block<4, F16>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        case 1: block<1, F16, SUB>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        case 2: block<2, F16, SUB>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        case 3: block<3, F16, SUB>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
+        default: block<4, F16, SUB>(xm, K, cm, groups, um, wb, sb, group, out, stride); break;
       }
     }
   };
@@ -245,6 +302,14 @@ extern "C" void torchtpu_fma4_mm(const uint16_t* x, const int32_t* w, const uint
                                  uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group, int gelu_lanes,
                                  const uint16_t* up) {
   (f16_scales ? multiply<true, false> : multiply<false, false>)(x, w, s, y, M, N, K, group, gelu_lanes, up);
+}
+
+// The same product, its nibbles read as float32 subnormals (the header's second part): the same bits of y.
+extern "C" void torchtpu_fma4_subnormal_mm(const uint16_t* x, const int32_t* w, const uint16_t* s, bool f16_scales,
+                                           uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t group,
+                                           int gelu_lanes, const uint16_t* up) {
+  (f16_scales ? multiply<true, false, true> : multiply<false, false, true>)(x, w, s, y, M, N, K, group, gelu_lanes,
+                                                                            up);
 }
 
 extern "C" bool torchtpu_fma16_supported() {

@@ -349,6 +349,15 @@ fn fma4_runs() -> bool {
     Kernel::Fma4.runs()
 }
 
+/// fma4_subnormals() -> bool
+///
+/// Whether fma4 reads its nibbles as float32 subnormals here (torchtpu_fma4_subnormal_mm) rather than converting
+/// them: on an AMD CPU, where the convert instruction set a decode step's pace. Both forms give the same bits.
+#[pyfunction]
+fn fma4_subnormals() -> bool {
+    cpu::fma4_subnormals()
+}
+
 /// The packed matrix a Python caller hands over, checked as a checkpoint's would be.
 fn packed_from(packed: &Bound<'_, PyAny>, scale: &Bound<'_, PyAny>, cols: i64) -> PyResult<packed::Packed> {
     let (packed, scale) = (take(packed, "weight_packed")?, take(scale, "weight_scale")?);
@@ -1202,8 +1211,8 @@ fn filtered_probs<'py>(
 }
 
 /// The Rust half of torchtpu_kernels: `Engine` (and its `TokenStream`), `sample`, `filtered_probs`, `layout_for`,
-/// `int4_kernel`, which of this step's kernels run (`dot4_runs`, `fma4_runs`, `amx4_runs`, `fma16_runs`,
-/// `panels_run`, `dot4_float_panels_run`), `repack`, `Int4Linear`, and the versions it was built with.
+/// `int4_kernel`, which of this step's kernels run and how (`dot4_runs`, `fma4_runs`, `fma4_subnormals`, `amx4_runs`,
+/// `fma16_runs`, `panels_run`, `dot4_float_panels_run`), `repack`, `Int4Linear`, and the versions it was built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1218,6 +1227,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInt4Linear>()?;
     m.add_function(wrap_pyfunction!(dot4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma4_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(fma4_subnormals, m)?)?;
     m.add_function(wrap_pyfunction!(amx4_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fma16_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;

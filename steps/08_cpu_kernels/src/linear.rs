@@ -5,6 +5,7 @@ use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
+use crate::cpu;
 use crate::dot4::{Kernel, OwnLinear, Panels, Stacking};
 use crate::error::{invalid, Result};
 use crate::int4::{self, Int4Linear};
@@ -62,6 +63,9 @@ impl Int4Matmul {
     pub fn described(self) -> String {
         let mut described = self.symbol().to_string();
         let Some(kernel) = self.own() else { return described };
+        if kernel == Kernel::Fma4 && cpu::fma4_subnormals() {
+            described += ", its nibbles read as float32 subnormals (torchtpu_fma4_subnormal_mm)";
+        }
         if let Some(prompt) = kernel.prompt() {
             let (rows, by, symbol) = (prompt.min_rows(), prompt.described(), prompt.symbol());
             described += &format!("; products of {rows} rows or more by {by} ({symbol})");

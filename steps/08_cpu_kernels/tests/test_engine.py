@@ -25,6 +25,8 @@ def test_auto_takes_int4_on_the_cpu_in_bfloat16_and_says_so(tiny, auto_kernel):
     assert engine.weights == "int4" and engine.int4_matmul == auto_kernel
     name = {"dot4": "torchtpu_dot4_mm", "fma4": "torchtpu_fma4_mm", "aten": "aten::_weight_int4pack_mm_for_cpu"}[
         auto_kernel]
+    if auto_kernel == "fma4" and torchtpu_kernels.fma4_subnormals():
+        name += ", its nibbles read as float32 subnormals (torchtpu_fma4_subnormal_mm)"
     if auto_kernel == "dot4" and torchtpu_kernels.amx4_runs():
         name += "; products of 4 rows or more by AMX's tiles (torchtpu_amx4_mm)"
     elif auto_kernel in ("dot4", "fma4") and torchtpu_kernels.fma16_runs():

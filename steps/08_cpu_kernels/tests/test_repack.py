@@ -290,3 +290,22 @@ def test_this_steps_kernels_give_the_same_bits_on_one_thread_and_two(matmul):
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_this_steps_kernels_give_the_same_bits_with_denormals_flushed(own):
+    """torch.set_flush_denormal(True) sets the CPU's denormals-are-zero flag on the calling thread, which computes
+    part of each product. fma4 reads its nibbles as float32 subnormals where fma4_subnormals() says so: each block
+    clears the flag while it runs, so the bits stay those of a product without it."""
+    n, k = 1024 + 48, 192
+    packed = words(random_nibbles(n, k, seed=11))
+    scale = (torch.rand(n, k // 32, generator=torch.Generator().manual_seed(12)) * 0.01 + 1e-3).to(torch.bfloat16)
+    linear = torchtpu_kernels.Int4Linear(packed, scale, k, matmul=own)
+    xs = [torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16) for m in (1, 5)]
+    want = [linear(x) for x in xs]
+    assert torch.set_flush_denormal(True)
+    try:
+        got = [linear(x) for x in xs]
+        assert (torch.tensor([2.0 ** -140]) * 1.0).item() == 0.0, "the flag is still set on this thread after the products"
+    finally:
+        torch.set_flush_denormal(False)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))

@@ -165,6 +165,9 @@ def dot4_runs() -> bool:
     AVX-512 and oneDNN AVX512-BF16 (not under ONEDNN_MAX_CPU_ISA=AVX512_CORE, the stand-in for Skylake to Ice Lake)."""
 def fma4_runs() -> bool:
     """Whether torchtpu_fma4_mm runs in this process: AVX2, FMA and F16C, and ATen allowed AVX2 at least."""
+def fma4_subnormals() -> bool:
+    """Whether fma4 reads its nibbles as float32 subnormals here (torchtpu_fma4_subnormal_mm) rather than converting
+    them: on an AMD CPU, where the convert instruction set a decode step's pace. Both forms give the same bits."""
 def amx4_runs() -> bool:
     """Whether dot4's products of 4 to 127 rows (a short prompt's) go by AMX's tiles here (torchtpu_amx4_mm, dot4's
     arithmetic): the CPU has AMX and AVX512-BF16, Linux lets the process use the tiles, ATen may use AVX-512 and
