@@ -305,7 +305,8 @@ def test_this_steps_kernels_give_the_same_bits_with_denormals_flushed(own):
     assert torch.set_flush_denormal(True)
     try:
         got = [linear(x) for x in xs]
-        assert (torch.tensor([2.0 ** -140]) * 1.0).item() == 0.0, "the flag is still set on this thread after the products"
+        flushed = (torch.tensor([2.0 ** -140]) * 1.0).item() == 0.0
+        assert flushed, "the flag is still set on this thread after the products"
     finally:
         torch.set_flush_denormal(False)
     assert all(torch.equal(a, b) for a, b in zip(want, got))

@@ -41,5 +41,5 @@ from ._engine import (
 )
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "fma4_runs", "fma4_subnormals", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack", "TCH_VERSION",
-           "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+           "fma4_runs", "fma4_subnormals", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack",
+           "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
