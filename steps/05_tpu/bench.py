@@ -296,7 +296,8 @@ def main() -> None:
         for row in rows:
             if row["available"]:
                 row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row["prompt_len"], len(row["tokens"]) - 1,
-                                                               row["decode_slots"], row["attention_dtype"],
+                                                               row["decode_slots"],
+                                                               row.get("kv_dtype", row["attention_dtype"]),
                                                                row.get("sliding_slots", "ring"),
                                                                row.get("kv_read", "slots"))
                 read = row["bytes_per_token"] + row["kv_bytes_per_token"]
@@ -318,11 +319,13 @@ def main() -> None:
         if row["available"]:
             print(f"{label(row):<{wide}}{row['bytes_per_token'] / 1e9:>19.2f}{row['kv_bytes_per_token'] / 1e9:>15.4f}"
                   f"{row['bandwidth_fraction']:>20.2f}{row['read_fraction']:>15.2f}")
-    # the caches are held in the dtype attention computes in: the ways share its default (float32 where this
-    # CPU's bf16 matmul is slow)
+    # the ways share attention's default dtype (float32 where this CPU's bf16 matmul is slow) and hold their caches
+    # in it, but for a way whose attention widens bf16 caches as it reads them (step 08's own call)
     attention = next((r["attention_dtype"] for r in rows if r["available"]), args.dtype)
-    print(f"what each way holds, by part (its memory()), the caches in {attention}, the dtype attention computes "
-          f"in on this CPU:")
+    apart = [f"{label(r)} in {r['kv_dtype']}" for r in rows
+             if r["available"] and r.get("kv_dtype", attention) not in (attention, "float16")]
+    print(f"what each way holds, by part (its memory()); attention computes in {attention} on this CPU, the caches "
+          f"held in it{' (but ' + ', '.join(apart) + ')' if apart else ''}:")
     print("\n".join(memory_line(row) for row in rows if row["available"]))
     print("\n".join(f"{label(row)}: {row['weights_reason']}" for row in rows if row.get("weights_reason")))
     matvec_names = {"aten": "ATen's mat-vec", "onednn": "oneDNN's mat-vec"}

@@ -38,7 +38,7 @@ def measure(args: argparse.Namespace) -> dict:
         "quant": quant, "repack": repack,
         "system_info": peer.ll.llama_print_system_info().decode().strip(),
         # its KV cache is float16 and attends over the cells in use (rounded up): the "bucket" rule's count
-        "decode_slots": "bucket", "attention_dtype": "float16",
+        "decode_slots": "bucket", "attention_dtype": "float16", "kv_dtype": "float16",
     }
 
 

@@ -34,7 +34,7 @@ COUNTS = {"graphs", "breaks"}
 def unavailable(way: str, why: str) -> dict:
     """The row of a way that does not exist on this device: no figure, never an invented one."""
     return {"way": way, "torch": None, "available": False, "why": why, **dict.fromkeys(FIGURES), "tokens": None,
-            "decode_slots": None, "attention_dtype": None, "memory": None}
+            "decode_slots": None, "attention_dtype": None, "kv_dtype": None, "memory": None}
 
 
 def unknown(ways: list[str]) -> list[str]:
@@ -58,7 +58,7 @@ def run_way(way: str, model, emb4, device: str, dtype: str, ctx: int, ids: list[
             stop: list[int] | None = None) -> dict:
     """Run one way in a fresh process (`python -m torchtpu_ways.worker` under `python`) and return its row:
     way, torch, available, why, load_s, first_s, graphs, breaks, streamed_tok_s, batched_tok_s, peak_gb,
-    tokens, prompt_len, read_s, read_tok_s, decode_slots, attention_dtype, and memory (bytes held by part).
+    tokens, prompt_len, read_s, read_tok_s, decode_slots, attention_dtype, kv_dtype, and memory (bytes held by part).
     `batched=False` skips the read-every-8 run; `cold="prefix"` makes the cold run read only a prefix with the
     same chunk shapes (long prompts: one full read, not two); `stop`: ids that end generation early (the
     checkpoint's eos ids), None for exactly `max_new` tokens."""

@@ -88,6 +88,8 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_gb": peak.gb(), "tokens": tokens, "bytes_per_token": model.weight_bytes_per_token(),
         # what decode's attention reads, for the bandwidth figure; the bytes held by part
         "decode_slots": model.decode_slots, "attention_dtype": str(model.attention_dtype).removeprefix("torch."),
+        # the caches' dtype: step 08's engine may hold them bf16 for float32 attention; the others hold them in it
+        "kv_dtype": str(getattr(model, "kv_dtype", model.attention_dtype)).removeprefix("torch."),
         "sliding_slots": getattr(model, "sliding_slots", "ring"),  # step 08's engine: "bucket"
         # step 08's own attention call reads only the slots a query sees
         "kv_read": "seen" if getattr(model, "decode_attention", "aten") == "own" else "slots",

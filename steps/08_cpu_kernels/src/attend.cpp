@@ -7,10 +7,12 @@
 // attention took 9 ms of a 57 ms step for 37 MB, a tenth of what memory delivers (docs/runs/cpu-e2b/07_budget.txt).
 // Here each slot's key is read once, against every query head that shares it, and each value row once.
 //
-// The arithmetic is ATen's, in other orders of sums (as the int4 kernels): scores s = k · q summed in float32, with
-// bf16 caches rounded to bf16 as the matmul's output is; masked slots are left out (probability exactly 0); the
-// softmax in float32 (max, exp, sum, one multiply by the sum's reciprocal), with bf16 caches its probabilities
+// The arithmetic is ATen's, in other orders of sums (as the int4 kernels): scores s = k · q summed in float32, in
+// bf16 attention rounded to bf16 as the matmul's output is; masked slots are left out (probability exactly 0); the
+// softmax in float32 (max, exp, sum, one multiply by the sum's reciprocal), in bf16 attention its probabilities
 // rounded to bf16; out = Σ p · v in float32, rounded once to bf16. Scaling is 1.0 (Gemma 4's q and k are normed).
+// The caches may be bf16 in float32 attention too: their keys and values are bf16 values, widened exactly as they are
+// loaded, so half the bytes give the same bits as a float32 cache.
 #include "bf16.h"
 
 #include <ATen/Parallel.h>
@@ -126,10 +128,10 @@ __attribute__((target("avx2,fma"))) inline float max8(__m256 v) {
 extern "C" __m256 Sleef_expf8_u10(__m256);  // ATen's vectorized exp, exported by libtorch_cpu (as tanh.cpp's tanh)
 
 // One head's scores row [S] into its probabilities, in place, for the slots seen (the others are not read again):
-// with a bf16 cache each score first rounded to bf16 (the matmul's output); the max, exp(x - max) (Sleef's, as
-// ATen's softmax), their sum, one multiply by its reciprocal, with a bf16 cache rounded to bf16 (the softmax's
+// in bf16 attention (ROUND) each score first rounded to bf16 (the matmul's output); the max, exp(x - max) (Sleef's,
+// as ATen's softmax), their sum, one multiply by its reciprocal, in bf16 attention rounded to bf16 (the softmax's
 // output). Eight slots at a time from the span's start, so the sum's order depends on the mask alone.
-template <bool BF16>
+template <bool ROUND>
 __attribute__((target("avx2,fma"))) void softmax(float* row, const Seen& seen) {
   const __m256 none = _mm256_set1_ps(-INFINITY);
   const int32_t* lanes = seen.lanes.data();
@@ -137,7 +139,7 @@ __attribute__((target("avx2,fma"))) void softmax(float* row, const Seen& seen) {
   for (int64_t s = seen.lo; s < seen.hi; s += 8) {
     const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
     __m256 x = _mm256_maskload_ps(row + s, mask);
-    if (BF16) x = through_bf16(x);
+    if (ROUND) x = through_bf16(x);
     tops = _mm256_max_ps(tops, _mm256_blendv_ps(none, x, _mm256_castsi256_ps(mask)));
   }
   const __m256 top = _mm256_set1_ps(max8(tops));
@@ -145,7 +147,7 @@ __attribute__((target("avx2,fma"))) void softmax(float* row, const Seen& seen) {
   for (int64_t s = seen.lo; s < seen.hi; s += 8) {
     const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
     __m256 x = _mm256_maskload_ps(row + s, mask);
-    if (BF16) x = through_bf16(x);
+    if (ROUND) x = through_bf16(x);
     const __m256 e = _mm256_and_ps(Sleef_expf8_u10(_mm256_sub_ps(x, top)), _mm256_castsi256_ps(mask));
     _mm256_maskstore_ps(row + s, mask, e);
     sums = _mm256_add_ps(sums, e);
@@ -154,7 +156,7 @@ __attribute__((target("avx2,fma"))) void softmax(float* row, const Seen& seen) {
   for (int64_t s = seen.lo; s < seen.hi; s += 8) {
     const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + s));
     const __m256 p = _mm256_mul_ps(_mm256_maskload_ps(row + s, mask), inverse);
-    _mm256_maskstore_ps(row + s, mask, BF16 ? through_bf16(p) : p);
+    _mm256_maskstore_ps(row + s, mask, ROUND ? through_bf16(p) : p);
   }
 }
 
@@ -186,7 +188,7 @@ __attribute__((target("avx2,fma"))) void weigh(const float* p, const char* v, in
   }
 }
 
-template <bool BF16>
+template <bool BF16, bool ROUND>
 void attend(const uint16_t* q, const char* k, const char* v, int64_t kv_head_bytes, int64_t slot_bytes,
             const bool* masked, uint16_t* out, int64_t heads, int64_t kv_heads, int64_t S, int64_t d) {
   const int64_t group = heads / kv_heads;
@@ -208,7 +210,7 @@ void attend(const uint16_t* q, const char* k, const char* v, int64_t kv_head_byt
         });
     });
     at::parallel_for(0, group, head_grain, [&](int64_t begin, int64_t end) {
-      for (int64_t h = begin; h < end; ++h) softmax<BF16>(&probs[h * S], seen);
+      for (int64_t h = begin; h < end; ++h) softmax<ROUND>(&probs[h * S], seen);
     });
     at::parallel_for(0, d / 8, column_grain, [&](int64_t begin, int64_t end) {
       for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
@@ -229,16 +231,17 @@ extern "C" bool torchtpu_attend_supported() {
 
 // out [heads, d] bf16 = attention of q [heads, d] bf16 over S slots of k and v, float32 (kv_bf16 = false) or bf16,
 // whose kv head g, slot s starts at element g * kv_head_stride + s * slot_stride (d contiguous elements); masked
-// [S]: true where the query must not see a slot, false for at least one. Shapes checked by attend.rs (d % 8 == 0,
-// heads % kv_heads == 0).
-extern "C" void torchtpu_attend_one(const uint16_t* q, const void* k, const void* v, bool kv_bf16,
+// [S]: true where the query must not see a slot, false for at least one; in bf16 attention (round_bf16) or float32.
+// Shapes checked by attend.rs (d % 8 == 0, heads % kv_heads == 0).
+extern "C" void torchtpu_attend_one(const uint16_t* q, const void* k, const void* v, bool kv_bf16, bool round_bf16,
                                     int64_t kv_head_stride, int64_t slot_stride, const bool* masked, uint16_t* out,
                                     int64_t heads, int64_t kv_heads, int64_t S, int64_t d) {
   const int64_t size = kv_bf16 ? 2 : 4;
   const char* kb = static_cast<const char*>(k);
   const char* vb = static_cast<const char*>(v);
-  if (kv_bf16)
-    attend<true>(q, kb, vb, kv_head_stride * size, slot_stride * size, masked, out, heads, kv_heads, S, d);
-  else
-    attend<false>(q, kb, vb, kv_head_stride * size, slot_stride * size, masked, out, heads, kv_heads, S, d);
+  // attend<kv_bf16, round_bf16>
+  using Attend = void (*)(const uint16_t*, const char*, const char*, int64_t, int64_t, const bool*, uint16_t*, int64_t,
+                          int64_t, int64_t, int64_t);
+  constexpr Attend ATTEND[2][2] = {{attend<false, false>, attend<false, true>}, {attend<true, false>, attend<true, true>}};
+  ATTEND[kv_bf16][round_bf16](q, kb, vb, kv_head_stride * size, slot_stride * size, masked, out, heads, kv_heads, S, d);
 }

@@ -20,6 +20,7 @@ extern "C" {
         k: *const std::ffi::c_void,
         v: *const std::ffi::c_void,
         kv_bf16: bool,
+        round_bf16: bool,
         kv_head_stride: i64,
         slot_stride: i64,
         masked: *const bool,
@@ -66,8 +67,9 @@ impl DecodeAttention {
 
 /// `[1, heads · d]` bf16: the attention of one token's queries `q [1, heads, d]` (bf16) over the slots of
 /// `k, v [kv_heads, slots, d]` (the cache's dtype, float32 or bf16; views of the cache, strided as it is),
-/// `masked [1, slots]` true where the query must not see a slot.
-pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result<Tensor> {
+/// `masked [1, slots]` true where the query must not see a slot, computed in `arithmetic` (bf16's roundings of the
+/// scores and probabilities, or float32 throughout), whatever the cache's dtype.
+pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor, arithmetic: Kind) -> Result<Tensor> {
     let (tokens, heads, d) = q.size3()?;
     let (kv_heads, slots, kd) = k.size3()?;
     let fits = tokens == 1
@@ -83,12 +85,13 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result
         && heads % kv_heads == 0
         && masked.kind() == Kind::Bool
         && masked.size() == [1, slots]
+        && matches!(arithmetic, Kind::Float | Kind::BFloat16)
         && [q, k, v, masked].iter().all(|t| t.device() == Device::Cpu);
     if !fits {
         return Err(invalid!(
-            "{KERNEL}: q {:?} {:?}, k {:?} {:?} strides {:?}, v {:?} {:?}, masked {:?} {:?}: need one bf16 token \
-             [1, heads, d] with d % 8 == 0, float32 or bf16 caches [kv_heads, slots, d] alike, bool [1, slots], on \
-             the CPU",
+            "{KERNEL}: q {:?} {:?}, k {:?} {:?} strides {:?}, v {:?} {:?}, masked {:?} {:?}, in {:?}: need one bf16 \
+             token [1, heads, d] with d % 8 == 0, float32 or bf16 caches [kv_heads, slots, d] alike, bool [1, slots], \
+             on the CPU, in float32 or bf16",
             q.kind(),
             q.size(),
             k.kind(),
@@ -97,7 +100,8 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result
             v.kind(),
             v.size(),
             masked.kind(),
-            masked.size()
+            masked.size(),
+            arithmetic
         ));
     }
     let (q, masked) = (q.f_contiguous()?, masked.f_contiguous()?);
@@ -110,6 +114,7 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result
             k.data_ptr(),
             v.data_ptr(),
             k.kind() == Kind::BFloat16,
+            arithmetic == Kind::BFloat16,
             k.stride()[0],
             k.stride()[1],
             masked.data_ptr() as *const bool,
@@ -127,12 +132,12 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Result
 mod tests {
     use super::*;
 
-    /// The arithmetic the kernel names, in float64: scores (rounded to bf16 with a bf16 cache), a softmax over the
+    /// The arithmetic the kernel names, in float64: scores (rounded to bf16 in bf16 attention), a softmax over the
     /// slots not masked (its probabilities rounded to bf16 alike), their weighted sum of the values.
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor) -> Tensor {
+    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, masked: &Tensor, arithmetic: Kind) -> Tensor {
         let (_, heads, d) = q.size3().unwrap();
         let kv_heads = k.size()[0];
-        let bf16 = k.kind() == Kind::BFloat16;
+        let bf16 = arithmetic == Kind::BFloat16;
         let round = |t: Tensor| if bf16 { t.to_kind(Kind::BFloat16).to_kind(Kind::Double) } else { t };
         let q = q.to_kind(Kind::Double).view([kv_heads, heads / kv_heads, d]);
         let (k, v) = (k.to_kind(Kind::Double), v.to_kind(Kind::Double));
@@ -158,7 +163,10 @@ mod tests {
 
     #[test]
     fn it_computes_the_arithmetic_it_names_for_every_shape_and_cache_dtype() {
-        for kind in [Kind::BFloat16, Kind::Float] {
+        // bf16 attention over a bf16 cache and float32 attention over float32 and bf16 caches: the engine's three
+        for (kind, arithmetic) in
+            [(Kind::BFloat16, Kind::BFloat16), (Kind::Float, Kind::Float), (Kind::BFloat16, Kind::Float)]
+        {
             // E2B's sliding and full heads, a head group wider than the kernel's 8, two KV heads, one slot, and
             // enough slots that the work is split between threads
             for (heads, kv_heads, d, slots) in
@@ -170,15 +178,15 @@ mod tests {
                 let late = masked.logical_or(&Tensor::arange(slots, (Kind::Int64, Device::Cpu)).lt(slots * 2 / 3));
                 let _ = late.narrow(1, slots - 1, 1).fill_(0);
                 for masked in [masked, late] {
-                    let ours = attend_one(&q, &k, &v, &masked).unwrap().to_kind(Kind::Double);
-                    let exact = reference(&q, &k, &v, &masked);
+                    let ours = attend_one(&q, &k, &v, &masked, arithmetic).unwrap().to_kind(Kind::Double);
+                    let exact = reference(&q, &k, &v, &masked, arithmetic);
                     let apart = (&ours - &exact).abs().max().double_value(&[]);
                     let size = exact.abs().max().double_value(&[]);
                     // bf16 output: half an ulp of the largest; the scores' and probabilities' own roundings can land
                     // the other way after float32 sums in another order: a few more
                     assert!(
                         apart <= size / 128.0,
-                        "{kind:?} {heads}/{kv_heads} heads, d {d}, {slots} slots: {apart} of {size}"
+                        "{kind:?} cache, {arithmetic:?}, {heads}/{kv_heads} heads, d {d}, {slots} slots: {apart} of {size}"
                     );
                 }
             }
@@ -186,14 +194,27 @@ mod tests {
     }
 
     #[test]
+    fn a_bf16_cache_in_float32_attention_gives_a_float32_caches_bits() {
+        // the engine's keys and values are bf16 values, so a float32 cache holds them exactly: the same values
+        // widened as they are loaded, the same sums
+        for (heads, kv_heads, d, slots) in [(8, 1, 512, 2000), (8, 1, 256, 37), (4, 2, 32, 1100)] {
+            let [q, k, v, masked] = case(heads, kv_heads, d, slots, slots, Kind::BFloat16, 11);
+            let half = attend_one(&q, &k, &v, &masked, Kind::Float).unwrap();
+            let (kf, vf) = (k.to_kind(Kind::Float), v.to_kind(Kind::Float));
+            let full = attend_one(&q, &kf, &vf, &masked, Kind::Float).unwrap();
+            assert!(half.equal(&full), "{heads}/{kv_heads} heads, d {d}, {slots} slots");
+        }
+    }
+
+    #[test]
     fn masked_slots_are_not_seen_whatever_they_hold() {
         let [q, k, v, masked] = case(8, 1, 256, 40, 40, Kind::BFloat16, 3);
-        let before = attend_one(&q, &k, &v, &masked).unwrap();
+        let before = attend_one(&q, &k, &v, &masked, Kind::BFloat16).unwrap();
         let hidden = masked.squeeze_dim(0).nonzero().squeeze_dim(1);
         let (mut k2, mut v2) = (k.copy(), v.copy());
         let _ = k2.index_fill_(1, &hidden, 1e4);
         let _ = v2.index_fill_(1, &hidden, -1e4);
-        assert!(before.equal(&attend_one(&q, &k2, &v2, &masked).unwrap()));
+        assert!(before.equal(&attend_one(&q, &k2, &v2, &masked, Kind::BFloat16).unwrap()));
     }
 
     #[test]
@@ -202,9 +223,9 @@ mod tests {
         for kind in [Kind::Float, Kind::BFloat16] {
             let [q, k, v, masked] = case(8, 1, 512, 2000, 2048, kind, 5);
             tch::set_num_threads(1);
-            let one = attend_one(&q, &k, &v, &masked).unwrap();
+            let one = attend_one(&q, &k, &v, &masked, kind).unwrap();
             tch::set_num_threads(2);
-            let two = attend_one(&q, &k, &v, &masked).unwrap();
+            let two = attend_one(&q, &k, &v, &masked, kind).unwrap();
             assert!(one.equal(&two), "{kind:?}");
         }
         tch::set_num_threads(threads);
@@ -214,9 +235,11 @@ mod tests {
     fn shapes_it_does_not_take_are_named() {
         let [q, k, v, masked] = case(8, 1, 32, 4, 4, Kind::BFloat16, 1);
         let two_tokens = Tensor::cat(&[&q, &q], 0);
-        let err = attend_one(&two_tokens, &k, &v, &masked).unwrap_err().to_string();
+        let err = attend_one(&two_tokens, &k, &v, &masked, Kind::BFloat16).unwrap_err().to_string();
         assert!(err.contains(KERNEL) && err.contains("[2, 8, 32]"), "{err}");
-        assert!(attend_one(&q, &k, &v.to_kind(Kind::Float), &masked).is_err());
-        assert!(attend_one(&q, &k, &v, &masked.narrow(1, 0, 3)).is_err());
+        assert!(attend_one(&q, &k, &v.to_kind(Kind::Float), &masked, Kind::BFloat16).is_err());
+        assert!(attend_one(&q, &k, &v, &masked.narrow(1, 0, 3), Kind::BFloat16).is_err());
+        let err = attend_one(&q, &k, &v, &masked, Kind::Half).unwrap_err().to_string();
+        assert!(err.contains("in Half"), "{err}");
     }
 }

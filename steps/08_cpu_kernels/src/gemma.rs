@@ -378,8 +378,9 @@ impl Attention {
         }
         // A KV-shared layer reads the cache its source layer wrote earlier in this same pass.
         let seen = cache.seen(self.kv_source, slots)?;
-        // Attention runs in the cache's dtype: the compute dtype, or float32 where bf16 matmul is slow (see
-        // `Gemma::new_cache`). The same dtype costs nothing: `to_kind` then returns the tensor itself.
+        // Attention runs in its dtype: the compute dtype, or float32 where bf16 matmul is slow (see
+        // `Gemma::new_cache`). ATen's ops take the cache's slots in it (the same dtype costs nothing: `to_kind`
+        // then returns the tensor itself); the own call widens a bf16 cache's values as it loads them.
         let own = cache.decode_attention == DecodeAttention::Own && q.size()[0] == 1;
         // ATen's ops read every slot attended over (narrowed views), the own call only those the query sees: counted
         // only while a budget is taken, so a decode step does not pay for the count
@@ -393,9 +394,10 @@ impl Attention {
         };
         let out = timed(Part::Attention, read, || {
             if own {
-                attend_one(&q, &seen.keys, &seen.values, &slots.masked)
+                attend_one(&q, &seen.keys, &seen.values, &slots.masked, cache.attention)
             } else {
-                attend(&q.f_to_kind(cache.dtype)?, &seen.keys, &seen.values, &slots.masked)
+                let to = |t: &Tensor| t.f_to_kind(cache.attention);
+                attend(&to(&q)?, &to(&seen.keys)?, &to(&seen.values)?, &slots.masked)
             }
         })?;
         linear(Part::OProjection, &out.f_to_kind(x.kind())?, &self.o_proj)
@@ -601,8 +603,11 @@ pub struct Cache {
     positions: ByKind<Tensor>,
     pub ctx: i64,
     window: i64,
-    /// The dtype of the keys and values, which attention computes in.
+    /// The dtype the keys and values are held in: attention's, or bf16 where attention computes in float32 over
+    /// bf16 keys and values (`Gemma::new_cache`).
     pub dtype: Kind,
+    /// The dtype attention computes in.
+    pub attention: Kind,
     /// How many full-cache slots a decode step attends over (see `decode_slots_at`).
     pub decode_slots: DecodeSlots,
     /// What runs a one-token pass's attention over it (attend.rs); longer prompt chunks always run `attend`.
@@ -645,7 +650,7 @@ struct Slots {
 }
 
 impl Cache {
-    fn new(cfg: &TextConfig, ctx: i64, dtype: Kind, like: &Tensor) -> Result<Cache> {
+    fn new(cfg: &TextConfig, ctx: i64, dtype: Kind, attention: Kind, like: &Tensor) -> Result<Cache> {
         let slots = |kind| if kind == AttentionKind::Full { ctx } else { cfg.ring_len() };
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
@@ -664,7 +669,7 @@ impl Cache {
             |kind| -> Result<Tensor> { Ok(on(&Tensor::f_full([slots(kind)], -1, (Kind::Int64, Device::Cpu))?, like)?) };
         let (positions, window) = (ByKind::try_new(empty)?, cfg.sliding_window);
         let (decode_slots, decode_attention) = (DecodeSlots::Bucket, DecodeAttention::Aten);
-        Ok(Cache { layers, positions, ctx, window, dtype, decode_slots, decode_attention })
+        Ok(Cache { layers, positions, ctx, window, dtype, attention, decode_slots, decode_attention })
     }
 
     /// Bytes the caches hold: keys, values and the slot positions.
@@ -879,13 +884,17 @@ impl Gemma {
     }
     // --8<-- [end:load]
 
-    /// Empty caches for a context of `ctx` tokens, held in `attention_dtype`: the dtype attention computes in.
+    // --8<-- [start:new_cache]
+    /// Empty caches for a context of `ctx` tokens, held in `kv_dtype`, for attention computed in `attention_dtype`.
     /// The compute dtype keeps every bit Transformers' bf16 gives; float32 attention (keys and values rounded
     /// to bf16 by their projections, then scores and probabilities kept in float32) is several times faster on
-    /// a CPU whose bf16 matmul has no fast path, where attention over a long cache dominates a decode step.
-    pub fn new_cache(&self, ctx: i64, attention_dtype: Kind) -> Result<Cache> {
-        Cache::new(&self.cfg, ctx, attention_dtype, &self.like)
+    /// a CPU whose bf16 matmul has no fast path, where attention over a long cache dominates a decode step. Its
+    /// keys and values are still bf16 values, so a bf16 cache holds them exactly in half a float32 cache's bytes:
+    /// attention widens them as it reads them, and gives a float32 cache's bits.
+    pub fn new_cache(&self, ctx: i64, kv_dtype: Kind, attention_dtype: Kind) -> Result<Cache> {
+        Cache::new(&self.cfg, ctx, kv_dtype, attention_dtype, &self.like)
     }
+    // --8<-- [end:new_cache]
 
     /// Bytes of the parts a decode step reads whole, as held.
     fn read_whole(&self) -> ReadWhole {
@@ -1157,7 +1166,7 @@ mod tests {
 
     #[test]
     fn prompt_chunks_attend_over_power_of_two_buckets_of_the_full_cache() {
-        let cache = Cache::new(&narrow_e2b(), 33024, Kind::Float, &cpu()).unwrap();
+        let cache = Cache::new(&narrow_e2b(), 33024, Kind::Float, Kind::Float, &cpu()).unwrap();
         assert_eq!(cache.chunk_len(), 512);
         let buckets: Vec<i64> = [1, 512, 513, 4076, 16384, 16385, 32768, 32769, 33024]
             .into_iter()
@@ -1168,14 +1177,14 @@ mod tests {
         assert_eq!(buckets, [64, 64, 128, 256, 512]);
         let distinct: std::collections::BTreeSet<i64> = (1..=33024).map(|end| cache.full_slots_for(end)).collect();
         assert_eq!(distinct.len(), 11, "{distinct:?}");
-        let short = Cache::new(&narrow_e2b(), 300, Kind::Float, &cpu()).unwrap();
+        let short = Cache::new(&narrow_e2b(), 300, Kind::Float, Kind::Float, &cpu()).unwrap();
         assert_eq!((short.full_slots_for(10), short.full_slots_for(290)), (64, 300));
     }
 
     #[test]
     fn only_cache_owners_get_a_cache_of_their_kind() {
         let cfg = narrow_e2b();
-        let cache = Cache::new(&cfg, 4096, Kind::BFloat16, &cpu()).unwrap();
+        let cache = Cache::new(&cfg, 4096, Kind::BFloat16, Kind::BFloat16, &cpu()).unwrap();
         assert_eq!(cache.layers.iter().filter(|c| c.is_some()).count(), 15);
         assert!(cache.layers[15..].iter().all(Option::is_none));
         let size = |i: usize| cache.layers[i].as_ref().unwrap().keys.size();
@@ -1197,7 +1206,7 @@ mod tests {
         config["text_config"]["head_dim"] = 2.into();
         config["text_config"]["global_head_dim"] = 2.into();
         config["text_config"]["sliding_window"] = 2.into(); // rings of 4 slots, prompt chunks of 2
-        let mut cache = Cache::new(&parse(&config).unwrap().text, 8, Kind::Float, &cpu()).unwrap();
+        let mut cache = Cache::new(&parse(&config).unwrap().text, 8, Kind::Float, Kind::Float, &cpu()).unwrap();
         let pos = |p: &[i64]| Tensor::from_slice(p);
 
         let slots = cache.place(&pos(&[0, 1]), cache.full_slots_for(2)).unwrap();

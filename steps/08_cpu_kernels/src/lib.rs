@@ -108,6 +108,32 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
     }
 }
 
+/// The dtype the caches hold keys and values in: the argument, or by default bf16 where the model computes in bf16
+/// and the own decode attention, which widens a bf16 cache's values as it loads them, runs (its keys and values are
+/// bf16 values: held exactly, in half the bytes); else the attention dtype, which ATen's ops take.
+fn kv_dtype_arg(
+    arg: Option<&str>,
+    dtype: Kind,
+    attention_dtype: Kind,
+    decode_attention: DecodeAttention,
+) -> PyResult<Kind> {
+    match arg {
+        Some(name) => compute_dtype(name)
+            .map_err(|_| PyValueError::new_err(format!("kv_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))),
+        None if dtype == Kind::BFloat16 && decode_attention == DecodeAttention::Own => Ok(Kind::BFloat16),
+        None => Ok(attention_dtype),
+    }
+}
+
+/// How the Python side names a dtype the engine holds: "float32" or "bfloat16".
+fn dtype_name(kind: Kind) -> &'static str {
+    if kind == Kind::Float {
+        "float32"
+    } else {
+        "bfloat16"
+    }
+}
+
 /// Whether a decode step's dense one-row linears run on ATen's mat-vec: the argument, or by default oneDNN's where
 /// `cpu::onednn_matvec_faster` says (as step 03), ATen's elsewhere.
 fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -123,7 +149,7 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 }
 
 /// Engine(model_dir, emb4_dir, like, ctx, dtype="bfloat16", progress=None, decode_slots=None, attention_dtype=None,
-///        weights="auto", int4_matmul="auto", matvec=None, decode_attention="auto")
+///        weights="auto", int4_matmul="auto", matvec=None, decode_attention="auto", kv_dtype=None)
 ///
 /// Gemma 4 (E-series) text model in Rust, on the device of `like`, with its 4-bit linears kept 4-bit.
 ///
@@ -141,7 +167,7 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 ///     more slots in another order, the logits a float32 rounding apart).
 /// attention_dtype: "bfloat16", "float32", or None: the compute dtype, except float32 for bfloat16 on a CPU
 ///     whose bf16 matmul has no fast path (AVX2-only: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is False).
-///     The caches are held in it. "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
+///     "bfloat16" keeps Transformers' bf16 bits; "float32" rounds less.
 /// weights: "int4" (linears and a packed head kept 4-bit, multiplied by an int4 kernel; NotImplementedError where
 ///     aten::_weight_int4pack_mm_for_cpu does not run), "bf16" (dequantized at load, as step 03 does), or "auto"
 ///     (int4 on a device where the kernel runs and dtype="bfloat16", else bf16). `engine.weights` says which was
@@ -161,6 +187,10 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 ///     set-up on a CPU costs more than the cache's bytes; a CPU with AVX2 and FMA, bfloat16, NotImplementedError
 ///     elsewhere), "aten" (ATen's ops, as step 03), or "auto": own where the linears run on dot4 or fma4, else aten.
 ///     Own computes ATen's roundings, its float32 sums in other orders. Longer prompt chunks run ATen's.
+/// kv_dtype: the dtype the caches hold keys and values in: "bfloat16", "float32", or None: bfloat16 where dtype is
+///     and decode_attention is own (whose call widens them as it reads them), else the attention dtype. The keys and
+///     values of a bfloat16 model are bf16 values, so either holds them exactly and gives the same bits; bfloat16
+///     reads half the bytes of float32.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_kernels")]
@@ -479,7 +509,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (model_dir, emb4_dir, like, ctx, dtype = "bfloat16", progress = None, decode_slots = None,
                         attention_dtype = None, weights = "auto", int4_matmul = "auto", matvec = None,
-                        decode_attention = "auto"))]
+                        decode_attention = "auto", kv_dtype = None))]
     #[allow(clippy::too_many_arguments)] // the Python signature: keyword arguments with defaults
     fn new(
         model_dir: PathBuf,
@@ -494,6 +524,7 @@ impl Engine {
         int4_matmul: &str,
         matvec: Option<&str>,
         decode_attention: &str,
+        kv_dtype: Option<&str>,
     ) -> PyResult<Self> {
         let dtype = compute_dtype(dtype)?;
         let like_tensor = take(like, "Engine(like)")?;
@@ -525,9 +556,11 @@ impl Engine {
                 model.kept_dense
             ),
         };
-        let mut cache = model.new_cache(ctx, attention_dtype)?;
+        let decode_attention = choose_decode_attention(decode_attention, &model, &like)?;
+        let kv_dtype = kv_dtype_arg(kv_dtype, dtype, attention_dtype, decode_attention)?;
+        let mut cache = model.new_cache(ctx, kv_dtype, attention_dtype)?;
         cache.decode_slots = decode_slots;
-        cache.decode_attention = choose_decode_attention(decode_attention, &model, &like)?;
+        cache.decode_attention = decode_attention;
         let state = State { model, cache, epoch: 0, prefilled: None, weights_reason };
         Ok(Engine { owner: std::thread::current().id(), state: Mutex::new(state) })
     }
@@ -585,10 +618,13 @@ impl Engine {
     /// The dtype attention computes in: "bfloat16" or "float32" (see the class docstring).
     #[getter]
     fn attention_dtype(&self) -> PyResult<&'static str> {
-        Ok(match self.state()?.cache.dtype {
-            Kind::Float => "float32",
-            _ => "bfloat16",
-        })
+        Ok(dtype_name(self.state()?.cache.attention))
+    }
+
+    /// The dtype the caches hold keys and values in: "bfloat16" or "float32" (see the class docstring).
+    #[getter]
+    fn kv_dtype(&self) -> PyResult<&'static str> {
+        Ok(dtype_name(self.state()?.cache.dtype))
     }
 
     /// layout() -> (full_rings, sliding_rings, shared_layers, sliding_ring_len)

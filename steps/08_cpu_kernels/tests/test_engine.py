@@ -100,9 +100,10 @@ def test_weights_held_4_bit_read_a_third_of_the_bytes(tiny):
 
 def test_memory_is_itemized_and_int4_leaves_the_per_layer_table_in_the_file(tiny):
     """`memory()` names each part held; with int4 linears the per-layer table (the largest, one row read per
-    token) stays in the mapped file, while the bf16 path holds it packed, byte for byte as stored."""
-    int4 = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="int4").memory()
-    bf16 = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights="bf16").memory()
+    token) stays in the mapped file, while the bf16 path holds it packed, byte for byte as stored. (The caches held
+    alike: by default the int4 engine's may be bf16 where the bf16 path's are float32.)"""
+    int4, bf16 = (torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, weights=weights,
+                                          kv_dtype="bfloat16").memory() for weights in ("int4", "bf16"))
     parts = ["linears", "head", "embed_tokens", "embed_tokens_per_layer", "norms and scalars", "kv caches"]
     assert list(int4) == list(bf16) == parts
     stored = load_file(tiny / "emb4" / "model.safetensors")
@@ -332,6 +333,32 @@ def test_decode_attention_own_agrees_with_aten_and_is_the_default_with_this_step
     for weights, matmul in (("bf16", "auto"), ("int4", "aten")):
         engine = torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, weights=weights, int4_matmul=matmul)
         assert engine.decode_attention == "aten", (weights, matmul)
+
+
+@pytest.mark.parametrize("decode_attention", ["auto", "aten"])
+def test_bf16_caches_in_float32_attention_give_float32_caches_bits(tiny, decode_attention):
+    """A bfloat16 model's keys and values are bf16 values, so bf16 caches hold them exactly in half the bytes: in
+    float32 attention they give the float32 caches' logits and tokens bit for bit, through the own decode call (which
+    widens them as it reads them) and through ATen's ops (which take them widened), after prompts that fill and wrap
+    the sliding rings. The default: bf16 where dtype is and the own decode attention runs."""
+    half, full = (torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", cpu(), CTX, attention_dtype="float32",
+                                       decode_attention=decode_attention, kv_dtype=kv)
+                  for kv in ("bfloat16", "float32"))
+    assert (half.kv_dtype, full.kv_dtype, half.attention_dtype) == ("bfloat16", "float32", "float32")
+    assert half.memory()["kv caches"] * 2 - full.memory()["kv caches"] < 2 * 8 * (CTX + 64), "positions aside"
+    for prompt in PROMPTS:
+        assert torch.equal(half.logits(prompt), full.logits(prompt))
+        assert half.generate(prompt, 40)[0] == full.generate(prompt, 40)[0]
+        assert torch.equal(half.logits(prompt, [len(prompt) - 1]), full.logits(prompt, [len(prompt) - 1]))
+    default = torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, decode_attention=decode_attention)
+    own = default.decode_attention == "own"
+    assert default.kv_dtype == ("bfloat16" if own else default.attention_dtype)
+    assert torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, "float32").kv_dtype == "float32"
+
+
+def test_bad_kv_dtype_is_named(tiny):
+    with pytest.raises(ValueError, match='kv_dtype="half"'):
+        torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, kv_dtype="half")
 
 
 def test_bad_decode_attention_is_named(tiny):

@@ -41,12 +41,13 @@ class Engine:
         int4_matmul: Literal["auto", "dot4", "fma4", "aten"] = "auto",
         matvec: Literal["aten", "onednn"] | None = None,
         decode_attention: Literal["auto", "own", "aten"] = "auto",
+        kv_dtype: Literal["bfloat16", "float32"] | None = None,
     ) -> None:
         """decode_slots: what a decode step's full layers attend over — "bucket" (the slots up to its position,
         rounded up to 64 × 2^k, or chunk × 2^k for a chunk under 64: a few shapes, no work on empty slots), "all"
         (every ctx slot: one compiled program at every position); None: "all" on a TPU, "bucket" elsewhere. Same
         tokens and logits either way.
-        attention_dtype: what attention computes in (the caches are held in it); None: the compute dtype, except
+        attention_dtype: what attention computes in; None: the compute dtype, except
         float32 for bfloat16 on a CPU whose bf16 matmul has no fast path (torch.ops.mkldnn._is_mkldnn_bf16_supported()
         is False: AVX2-only CPUs). "bfloat16" keeps Transformers' bf16 bits.
         weights: "int4" (linears and a packed head 4-bit; NotImplementedError where aten::_weight_int4pack_mm_for_cpu
@@ -61,7 +62,10 @@ class Engine:
         decode_attention: what runs the attention of a one-token pass (a decode step) over the cache — "own" (this
         step's torchtpu_attend_one, one call per layer: a CPU with AVX2 and FMA, bfloat16; NotImplementedError
         elsewhere), "aten" (ATen's ops, as step 03), "auto" (own where the linears run on dot4 or fma4, else aten).
-        Own rounds as ATen does, its float32 sums in other orders."""
+        Own rounds as ATen does, its float32 sums in other orders.
+        kv_dtype: what the caches hold keys and values in; None: bfloat16 where dtype is and decode_attention is own
+        (which widens them as it reads them), else the attention dtype. A bfloat16 model's keys and values are bf16
+        values: either holds them exactly, with the same bits; bfloat16 in half the bytes."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
@@ -75,6 +79,8 @@ class Engine:
     def decode_slots(self) -> Literal["bucket", "all"]: ...
     @property
     def attention_dtype(self) -> Literal["bfloat16", "float32"]: ...
+    @property
+    def kv_dtype(self) -> Literal["bfloat16", "float32"]: ...
     @property
     def matvec(self) -> Literal["aten", "onednn"]: ...
     @property
