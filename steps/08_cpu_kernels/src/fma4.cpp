@@ -20,13 +20,13 @@
 // --8<-- [start:subnormal]
 // On AMD's cores even the convert is one instruction too many: a decode step's row spends an AND, a convert and an
 // FMA on 8 weights, and the convert runs on fewer of the core's vector pipes than the other two, so the arithmetic,
-// not memory, set the pace. So there (cpu.rs decides) the masked word is not converted at all: with its nibble in the
-// low 23 bits and nothing above, its bits are a float32 subnormal, u · 2^(4q - 149) for a nibble at bit 4q, which an
-// FMA multiplies exactly like any float. The high half's nibbles are shifted down 16 bits first (one shift per word,
-// not per nibble), so every nibble sits at q < 4, and its column's activation is stored times 2^(149 - 4q) instead of
-// 16^-p. For that to stay below float32's largest, a row is scaled to [2^-22, 2^-21) rather than [2^30, 2^31); the
-// products and sums are then the same ones, scaled by another power of two, so the bits of y are the same either way
-// for activations within 2^104 of their row's largest. Subnormal inputs would read as zero with the CPU's
+// not memory, set the pace. So there (cpu.rs decides) the masked word is not converted at all: with its nibble at
+// bit 4p below bit 23 and nothing else, its bits are a float32 subnormal, u · 2^(4p - 149), which an FMA multiplies
+// exactly like any float. The three nibbles at bit 20 and above are shifted down to bit 0 instead of masked in
+// place. Each column's activation is stored times 2^(149 - b) for the bit b its nibble is read at, instead of 16^-p;
+// for that to stay below float32's largest, a row is scaled to [2^-22, 2^-21) rather than [2^30, 2^31). The products
+// and sums are then the same ones scaled by another power of two, so y has the same bits either way, for
+// activations within 2^104 of their row's largest. Subnormal inputs would read as zero with the CPU's
 // denormals-are-zero flag set (torch.set_flush_denormal(True) sets it), so each block clears it while it runs.
 // --8<-- [end:subnormal]
 #include "bf16.h"
