@@ -4,8 +4,9 @@ fails the build):
 - generated from the current records under docs/runs/ (one folder per CPU class), each a page line of its own:
   `<!-- results -->` the home page's results at a glance (parity, and decode speed beside the source article's
   TPU figures), `<!-- results:cpu-classes -->` page 05's table of every CPU class, `<!-- results:machines -->`
-  each class's int4 kernel and Rust int4 against llama.cpp, `<!-- results:matvec -->` and `<!-- results:peer -->`
-  page 08's mat-vec fractions and decode beside llama.cpp, `<!-- records:all -->` every record with its header
+  each class's int4 kernel and Rust int4 against llama.cpp, `<!-- results:matvec -->`, `<!-- results:peer -->` and
+  `<!-- results:peer-long -->` page 08's mat-vec fractions, and decode and a long prompt's read beside llama.cpp,
+  `<!-- records:all -->` every record with its header
   ("Benchmarks by machine"). Any other `results`/`records` marker fails the build, so none reaches a page;
 - a page line `<!-- colab -->` becomes the "Open in Colab" link to the notebook, made from the repository
   and branch the Pages workflow builds (GITHUB_REPOSITORY, GITHUB_REF_NAME); a build without them (a local
@@ -386,8 +387,42 @@ def peer_table(page_dir: str = "") -> str:
             "from each class's newest step-05 records.\n\n" + "\n".join(rows))
 
 
+def long_records(folder: str) -> list[dict]:
+    """Step 06's E2B bench records in a folder (06_longprompt*.json), newest first."""
+    found = [json.loads(p.read_text()) for p in (RUNS / folder).glob("06_longprompt*.json")]
+    found = [d for d in found if isinstance(d.get("rows"), list) and "e2b" in str(d.get("model", ""))]
+    return sorted(found, key=lambda d: d["meta"]["date"], reverse=True)
+
+
+def peer_long_table(page_dir: str = "") -> str:
+    """Page 08's long-prompt table: per class and prompt length, Rust int4's read and its decode after the prompt
+    beside llama.cpp's fastest Q4_0 build in each, from the newest step-06 record that ran both at that length."""
+    rows = ["| CPU class | made on | prompt | Rust int4 read tok/s | llama.cpp's best | ratio | Rust int4 decode "
+            "after | llama.cpp's best | ratio |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for folder in folders():
+        done = set()
+        for data in long_records(folder):
+            ran = [r for r in data["rows"] if r["available"]]
+            for tokens in sorted({r["prompt_tokens"] for r in ran} - done):
+                at = [r for r in ran if r["prompt_tokens"] == tokens]
+                int4 = next((r for r in at if r["way"] == "rust-int4"), None)
+                peers = [r for r in at if (m := LLAMACPP.match(r["way"])) and m["quant"] == "q4_0"]
+                if int4 is None or not peers:
+                    continue
+                done.add(tokens)
+                read = max(r["read_tok_s"] for r in peers)
+                decode = max(r["decode_tok_s"] for r in peers)
+                c = cpu_class(folder)
+                rows.append(f"| {class_link(c, page_dir)} | {made_on(c)} | {tokens:,} | {int4['read_tok_s']:.1f} | "
+                            f"{read:.1f} | {int4['read_tok_s'] / read:.2f} | {int4['decode_tok_s']:.2f} | "
+                            f"{decode:.2f} | {int4['decode_tok_s'] / decode:.2f} |")
+    return ("Read tok/s of an E2B-shaped prompt and decode tok/s after it, Rust int4 beside llama.cpp's fastest Q4_0 "
+            "build in each column, from each class's newest step-06 record at that length.\n\n" + "\n".join(rows))
+
+
 GENERATED = {"results": results_table, "results:cpu-classes": cpu_classes_table,
              "results:machines": machines_table, "results:matvec": matvec_table, "results:peer": peer_table,
+             "results:peer-long": peer_long_table,
              "records:all": records_page}
 GENERATED_MARKER = re.compile(r"^<!-- ((?:results|records)(?::[\w-]+)?) -->$", re.MULTILINE)
 

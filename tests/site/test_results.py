@@ -86,6 +86,29 @@ def test_the_peer_table_divides_rust_int4_by_llamacpps_best_q4_0(runs):
     assert "| 13.3 | 0.76 | avx2 build, repacked | 12.3 | 0.78 | 1.08 |" in hooks.peer_table()
 
 
+def long_row(way, tokens, read, decode):
+    return {"way": way, "available": True, "prompt_tokens": tokens, "read_tok_s": read, "decode_tok_s": decode}
+
+
+def test_the_long_prompt_table_takes_each_length_from_the_newest_record_and_llamacpps_best_build(runs):
+    folder = runs / "cpu-e2b-avx2"
+    folder.mkdir(parents=True)
+    for name, date, rows in [
+        ("06_longprompt-int4", "2026-01-02T00:00:00+00:00",
+         [long_row("rust-int4", 508, 30.0, 14.0), long_row("llamacpp-avx2-q4_0", 508, 25.0, 9.0),
+          long_row("llamacpp-avx2-q4_0-norepack", 508, 27.0, 8.0), long_row("rust-eager", 508, 5.0, 3.0)]),
+        ("06_longprompt-peer", "2026-01-01T00:00:00+00:00",
+         [long_row("rust-int4", 508, 1.0, 1.0), long_row("llamacpp-avx2-q4_0", 508, 1.0, 1.0),
+          long_row("rust-int4", 4076, 20.0, 10.0), long_row("llamacpp-avx2-q4_0", 4076, 25.0, 8.0)])]:
+        meta = {"date": date, "cpu": "Some CPU", "cpu_capability": "AVX2", "bf16_matmul_hardware": None}
+        data = {"meta": meta, "model": "checkpoints/e2b-x/text", "rows": rows}
+        (folder / f"{name}.json").write_text(json.dumps(data))
+    table = hooks.peer_long_table()
+    assert "| 508 | 30.0 | 27.0 | 1.11 | 14.00 | 9.00 | 1.56 |" in table, table
+    assert "| 4,076 | 20.0 | 25.0 | 0.80 | 10.00 | 8.00 | 1.25 |" in table, table
+    assert table.count("| 508 |") == 1
+
+
 def test_a_rust_int4_aten_row_of_step_08s_engine_is_not_step_07s(runs):
     """Step 07's engine has step 03's sliding rings; a row with bucketed ones is step 08's engine on ATen's kernel,
     which older records ran under that name: not shown as step 07's."""
