@@ -218,18 +218,16 @@ def test_rust_int4_beats_llamacpp_on_every_class_recorded():
 
 
 def test_what_the_machines_page_says_of_the_margins():
-    """docs/machines.md: the margin is smallest on the AVX2-only EPYC, where both reach about the same fraction of the
-    bandwidth limit; on the Intel Xeons, stand-ins included, this project's kernels reach a larger fraction."""
+    """docs/machines.md: on every class this project's kernels reach a larger fraction of the bandwidth limit than
+    llama.cpp's; the margin is smallest on the AMD EPYCs and largest on the Intel Xeons, stand-ins included."""
     ways = home_ways()
     ratio = {f: w["rust-int4"]["streamed_tok_s"] / w["llamacpp-q4_0"]["streamed_tok_s"] for f, w in ways.items()}
-    assert min(ratio, key=ratio.get) == "cpu-e2b-avx2", ratio
-    avx2 = ways["cpu-e2b-avx2"]
-    assert abs(avx2["rust-int4"]["bandwidth_fraction"] - avx2["llamacpp-q4_0"]["bandwidth_fraction"]) < 0.05
-    text = (REPO / "docs" / "machines.md").read_text()
-    assert "smallest on the\nAVX2-only AMD EPYC" in text or "smallest on the AVX2-only AMD EPYC" in text
+    epycs = {f for f in ratio if "AMD EPYC" in hooks.cpu_class(f).machine}
+    assert epycs and set(sorted(ratio, key=ratio.get)[:len(epycs)]) == epycs, ratio
     for f, w in ways.items():
-        if "Intel Xeon" in hooks.cpu_class(f).machine:
-            assert w["rust-int4"]["bandwidth_fraction"] > w["llamacpp-q4_0"]["bandwidth_fraction"], f
+        assert w["rust-int4"]["bandwidth_fraction"] > w["llamacpp-q4_0"]["bandwidth_fraction"], f
+    text = " ".join((REPO / "docs" / "machines.md").read_text().split())
+    assert "The margin is smallest on the AMD EPYCs, and largest on the Intel Xeons" in text
 
 
 def test_the_int4_kernel_each_class_ran_is_the_one_the_machines_page_names():
