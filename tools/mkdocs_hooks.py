@@ -372,19 +372,24 @@ def matvec_table(page_dir: str = "") -> str:
 
 def peer_table(page_dir: str = "") -> str:
     """Page 08's decode table: Rust int4 beside llama.cpp's fastest Q4_0 of the same records, per class."""
-    rows = ["| CPU class | made on | Rust int4 tok/s | its fraction | llama.cpp's best Q4_0 | tok/s | its fraction "
-            "| ratio |", "|---|---|---:|---:|---|---:|---:|---:|"]
+    rows = ["| CPU class | made on | Rust int4 tok/s | of the copy | of the read limit | llama.cpp's best Q4_0 | tok/s "
+            "| of the copy | of the read limit | ratio |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+
+    def read(row: dict) -> str:  # blank in a record older than the read limit
+        return f"{row['read_fraction']:.2f}" if row.get("read_fraction") is not None else ""
+
     for folder in bench_folders():
         c, ways = cpu_class(folder), class_ways(folder)
         int4, peer = ways["rust-int4"], ways["llamacpp-q4_0"]
         if not (int4 and peer and int4["available"]):
             continue
         rows.append(f"| {class_link(c, page_dir)} | {made_on(c)} | {int4['streamed_tok_s']:.1f} | "
-                    f"{int4['bandwidth_fraction']:.2f} | {llamacpp_label(peer['llamacpp_way'])} | "
-                    f"{peer['streamed_tok_s']:.1f} | {peer['bandwidth_fraction']:.2f} | "
+                    f"{int4['bandwidth_fraction']:.2f} | {read(int4)} | {llamacpp_label(peer['llamacpp_way'])} | "
+                    f"{peer['streamed_tok_s']:.1f} | {peer['bandwidth_fraction']:.2f} | {read(peer)} | "
                     f"{int4['streamed_tok_s'] / peer['streamed_tok_s']:.2f} |")
-    return ("Decode tok/s after a 19-token prompt at a 33,024-token context, and each fraction of the copy's rate, "
-            "from each class's newest step-05 records.\n\n" + "\n".join(rows))
+    return ("Decode tok/s after a 19-token prompt at a 33,024-token context, and each as a fraction of the copy's rate "
+            "and of the read limit, from each class's newest step-05 records (the read limit blank in a record made "
+            "before it was measured).\n\n" + "\n".join(rows))
 
 
 def long_records(folder: str) -> list[dict]:
