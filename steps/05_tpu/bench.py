@@ -297,7 +297,7 @@ def main() -> None:
             if row["available"]:
                 row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row["prompt_len"], len(row["tokens"]) - 1,
                                                                row["decode_slots"],
-                                                               row.get("kv_dtype", row["attention_dtype"]),
+                                                               row["kv_dtype"],
                                                                row.get("sliding_slots", "ring"),
                                                                row.get("kv_read", "slots"))
                 read = row["bytes_per_token"] + row["kv_bytes_per_token"]
@@ -323,7 +323,7 @@ def main() -> None:
     # in it, but for a way whose attention widens bf16 caches as it reads them (step 08's own call)
     attention = next((r["attention_dtype"] for r in rows if r["available"]), args.dtype)
     apart = [f"{label(r)} in {r['kv_dtype']}" for r in rows
-             if r["available"] and r.get("kv_dtype", attention) not in (attention, "float16")]
+             if r["available"] and r["kv_dtype"] not in (attention, "float16")]
     print(f"what each way holds, by part (its memory()); attention computes in {attention} on this CPU, the caches "
           f"held in it{' (but ' + ', '.join(apart) + ')' if apart else ''}:")
     print("\n".join(memory_line(row) for row in rows if row["available"]))

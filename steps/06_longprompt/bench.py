@@ -212,7 +212,7 @@ def main() -> None:
                 # a decode step reads the weights as held and the cached keys and values it attends over
                 row["decode_bytes_per_token"] = row["bytes_per_token"] + kv_bytes_per_token(
                     cfg, ctx, row["prompt_tokens"], len(row["tokens"]) - 1, row["decode_slots"],
-                    row.get("kv_dtype", row["attention_dtype"]),
+                    row["kv_dtype"],
                     row.get("sliding_slots", "ring"), row.get("kv_read", "slots"))
                 row["decode_fraction"] = row["decode_tok_s"] * row["decode_bytes_per_token"] / (bandwidth * 1e9)
                 row["decode_read_fraction"] = row["decode_tok_s"] * row["decode_bytes_per_token"] / (read_limit * 1e9)

@@ -31,7 +31,7 @@ def measure(way: str, prompt: Prompt, tokenizer, model, emb4, device: str, dtype
             # what a decode step reads, for the bandwidth figure: the weights as held, and the cache's slots
             "bytes_per_token": r["bytes_per_token"],
             "decode_slots": r["decode_slots"], "attention_dtype": r["attention_dtype"],
-            "kv_dtype": r.get("kv_dtype", r["attention_dtype"]),
+            "kv_dtype": r["kv_dtype"],
             "sliding_slots": r.get("sliding_slots", "ring"), "kv_read": r.get("kv_read", "slots")}
 # --8<-- [end:measure]
 

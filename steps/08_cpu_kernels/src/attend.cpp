@@ -242,6 +242,7 @@ extern "C" void torchtpu_attend_one(const uint16_t* q, const void* k, const void
   // attend<kv_bf16, round_bf16>
   using Attend = void (*)(const uint16_t*, const char*, const char*, int64_t, int64_t, const bool*, uint16_t*, int64_t,
                           int64_t, int64_t, int64_t);
-  constexpr Attend ATTEND[2][2] = {{attend<false, false>, attend<false, true>}, {attend<true, false>, attend<true, true>}};
+  constexpr Attend ATTEND[2][2] = {{attend<false, false>, attend<false, true>},
+                                   {attend<true, false>, attend<true, true>}};
   ATTEND[kv_bf16][round_bf16](q, kb, vb, kv_head_stride * size, slot_stride * size, masked, out, heads, kv_heads, S, d);
 }

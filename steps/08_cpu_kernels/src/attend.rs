@@ -186,7 +186,7 @@ mod tests {
                     // the other way after float32 sums in another order: a few more
                     assert!(
                         apart <= size / 128.0,
-                        "{kind:?} cache, {arithmetic:?}, {heads}/{kv_heads} heads, d {d}, {slots} slots: {apart} of {size}"
+                        "{kind:?} cache, {arithmetic:?}, {heads}/{kv_heads} heads, d {d}, {slots} slots: {apart}/{size}"
                     );
                 }
             }

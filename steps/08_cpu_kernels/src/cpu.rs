@@ -96,10 +96,10 @@ pub fn fma16_runs() -> bool {
 }
 
 /// Whether fma4 reads its nibbles as float32 subnormals rather than converting them (`torchtpu_fma4_subnormal_mm`,
-/// fma4.cpp): on an AMD CPU, where the convert runs on fewer vector pipes than the AND and the FMA and set a decode
-/// step's pace (an AMD EPYC Zen 3 kept to AVX2, both threads, a block's 16 rows over 2,048 columns: 26.5 GB/s of
-/// nibbles converted, 31 read as subnormals, warm in cache). Both forms give the same bits. Intel's cores are left
-/// the convert: an FMA of a subnormal input may take a microcode assist on some of them, and none was measured here.
+/// fma4.cpp): on an AMD CPU, where the convert runs on fewer vector pipes than the AND and the FMA and held a decode
+/// step's mat-vec to its arithmetic's pace (step 05's record on an AMD EPYC Zen 3, docs/runs/cpu-e2b-avx2, times the
+/// subnormal form). Both forms give the same bits. Intel's cores are left the convert: an FMA of a subnormal input
+/// may take a microcode assist on some of them, and none was measured here.
 pub fn fma4_subnormals() -> bool {
     // SAFETY: reads the CPU's vendor, nothing else.
     !unsafe { torchtpu_intel() }

@@ -16,7 +16,9 @@
 //! Without AVX512-BF16 there is no bf16 dot product; `torchtpu_fma4_mm` reads the same words with AVX2 instead: a
 //! mask leaves one nibble where it lies, `u · 16^p`, an integer the convert instruction makes float32 exactly, and
 //! the activation it multiplies was divided by 16^p beforehand — one AND, one convert and one FMA per 8 weights, the
-//! same exact products and float32 sums (fma4.cpp's header). The layout serves both, so one repack serves both.
+//! same exact products and float32 sums (fma4.cpp's header). On an AMD CPU the masked word is read as a float32
+//! subnormal instead, with no convert (`torchtpu_fma4_subnormal_mm`, `cpu::fma4_subnormals`): the same bits. The
+//! layout serves both kernels, so one repack serves both.
 //!
 //! A prompt's rows multiply each weight many times, so there the arithmetic, not memory, sets the pace. Where AMX
 //! runs, dot4's products of a few to a hundred-odd rows go by its tiles instead (`torchtpu_amx4_mm`, src/amx4.cpp):

@@ -78,8 +78,8 @@ alignas(32) const int32_t MASKS[8][8] = {
 alignas(32) const int32_t SUBNORMAL_MASKS[8][8] = {M(0), M(4), M(1), M(0), M(2), M(0), M(3), M(0)};
 #undef M
 
-// While a block is computed, the CPU's denormals-are-zero flag (MXCSR's bit 6) cleared where it was set, so the subnormal
-// form's nibbles read as what they are; the thread's flags restored after.
+// While a block is computed, the CPU's denormals-are-zero flag (MXCSR's bit 6) cleared where it was set, so the
+// subnormal form's nibbles read as what they are; the thread's flags restored after.
 class SubnormalsRead {
  public:
   SubnormalsRead() : saved_(_mm_getcsr()) {
@@ -106,7 +106,6 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
   // P sums per row and half, so that enough FMAs are in flight (an FMA waits 4 cycles for its sum), and no more:
   // every register a sum takes is one the compiler cannot give a word or a product
   constexpr int P = R == 1 ? 3 : R == 2 ? 2 : 1;
-
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int64_t octets = group / 8;
@@ -128,9 +127,8 @@ __attribute__((target("avx2,fma,f16c"))) void block(const float* xs, int64_t K, 
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           // u · 16^p (u for the top nibble), or SUB: the bits of u · 2^(subnormal_bit - 149)
-          const __m256i nibble = c == 7                ? _mm256_srli_epi32(word[h], 28)
-                                 : SUB && position(c) > 4 ? _mm256_and_si256(_mm256_srli_epi32(word[h], 4 * position(c)), mask)
-                                                          : _mm256_and_si256(word[h], mask);
+          const __m256i shifted = SUB && position(c) > 4 ? _mm256_srli_epi32(word[h], 4 * position(c)) : word[h];
+          const __m256i nibble = c == 7 ? _mm256_srli_epi32(word[h], 28) : _mm256_and_si256(shifted, mask);
           const __m256 u = SUB ? _mm256_castsi256_ps(nibble) : _mm256_cvtepi32_ps(nibble);  // exact
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r)

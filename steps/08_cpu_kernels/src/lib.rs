@@ -110,7 +110,8 @@ fn attention_dtype_arg(arg: Option<&str>, dtype: Kind, like: &Bound<'_, PyAny>) 
 
 /// The dtype the caches hold keys and values in: the argument, or by default bf16 where the model computes in bf16
 /// and the own decode attention, which widens a bf16 cache's values as it loads them, runs (its keys and values are
-/// bf16 values: held exactly, in half the bytes); else the attention dtype, which ATen's ops take.
+/// bf16 values: held exactly, in half the bytes); else the attention dtype, which ATen's ops take. A float32 model's
+/// keys and values are not bf16 values: bf16 caches would round them, so that is refused.
 fn kv_dtype_arg(
     arg: Option<&str>,
     dtype: Kind,
@@ -118,6 +119,10 @@ fn kv_dtype_arg(
     decode_attention: DecodeAttention,
 ) -> PyResult<Kind> {
     match arg {
+        Some("bfloat16") if dtype == Kind::Float => Err(PyValueError::new_err(
+            "kv_dtype=\"bfloat16\" with dtype=\"float32\": bf16 caches would round the float32 keys and values; use \
+             \"float32\" or None",
+        )),
         Some(name) => compute_dtype(name)
             .map_err(|_| PyValueError::new_err(format!("kv_dtype={name:?}: use \"bfloat16\", \"float32\" or None"))),
         None if dtype == Kind::BFloat16 && decode_attention == DecodeAttention::Own => Ok(Kind::BFloat16),
@@ -190,7 +195,7 @@ fn matvec_in_aten_arg(arg: Option<&str>, like: &Bound<'_, PyAny>) -> PyResult<bo
 /// kv_dtype: the dtype the caches hold keys and values in: "bfloat16", "float32", or None: bfloat16 where dtype is
 ///     and decode_attention is own (whose call widens them as it reads them), else the attention dtype. The keys and
 ///     values of a bfloat16 model are bf16 values, so either holds them exactly and gives the same bits; bfloat16
-///     reads half the bytes of float32.
+///     reads half the bytes of float32. With dtype="float32", "bfloat16" is refused: it would round them.
 ///
 /// An Engine belongs to the thread that created it: calls from any other raise RuntimeError.
 #[pyclass(module = "torchtpu_kernels")]

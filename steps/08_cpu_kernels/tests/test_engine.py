@@ -359,6 +359,9 @@ def test_bf16_caches_in_float32_attention_give_float32_caches_bits(tiny, decode_
 def test_bad_kv_dtype_is_named(tiny):
     with pytest.raises(ValueError, match='kv_dtype="half"'):
         torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, kv_dtype="half")
+    # a float32 model's keys and values are no bf16 values: bf16 caches would round them
+    with pytest.raises(ValueError, match='kv_dtype="bfloat16" with dtype="float32"'):
+        torchtpu_kernels.Engine(tiny / "text", None, cpu(), CTX, "float32", kv_dtype="bfloat16")
 
 
 def test_bad_decode_attention_is_named(tiny):

@@ -65,7 +65,8 @@ class Engine:
         Own rounds as ATen does, its float32 sums in other orders.
         kv_dtype: what the caches hold keys and values in; None: bfloat16 where dtype is and decode_attention is own
         (which widens them as it reads them), else the attention dtype. A bfloat16 model's keys and values are bf16
-        values: either holds them exactly, with the same bits; bfloat16 in half the bytes."""
+        values: either holds them exactly, with the same bits; bfloat16 in half the bytes. ValueError for bfloat16
+        caches with dtype="float32", whose keys and values they would round."""
     @property
     def weights(self) -> Literal["int4", "bf16"]:
         """How the linears are held."""
