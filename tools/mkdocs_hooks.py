@@ -6,6 +6,7 @@ fails the build):
   TPU figures), `<!-- results:cpu-classes -->` page 05's table of every CPU class, `<!-- results:machines -->`
   each class's int4 kernel and Rust int4 against llama.cpp, `<!-- results:matvec -->`, `<!-- results:peer -->` and
   `<!-- results:peer-long -->` page 08's mat-vec fractions, and decode and a long prompt's read beside llama.cpp,
+  `<!-- results:prompt-reads -->` page 08's prompt reads by class,
   `<!-- records:all -->` every record with its header
   ("Benchmarks by machine"). Any other `results`/`records` marker fails the build, so none reaches a page;
 - a page line `<!-- colab -->` becomes the "Open in Colab" link to the notebook, made from the repository
@@ -425,9 +426,41 @@ def peer_long_table(page_dir: str = "") -> str:
             "build in each column, from each class's newest step-06 record at that length.\n\n" + "\n".join(rows))
 
 
+def chunk_way(row: dict | None) -> str:
+    """How a Rust int4 row's prompt chunks of 128 rows or more were multiplied, from its weights_reason."""
+    reason = (row or {}).get("weights_reason") or ""
+    if m := re.search(r"prompt chunks of \d+ rows or more by (float32 panels|panels)", reason):
+        return "bf16 panels" if m[1] == "panels" else m[1]
+    return int4_kernel(row) if row else ""
+
+
+def prompt_reads_table(page_dir: str = "") -> str:
+    """Page 08's prompt reads by class: Rust int4's read tok/s of step 05's 19-token prompt and of step 06's longer
+    ones, each from the newest record of its class that has it."""
+    rows = ["| CPU class | made on | 19 tokens | 508 tokens | 4,076 tokens | long chunks by |",
+            "|---|---|---:|---:|---:|---|"]
+    for folder in folders():
+        int4 = class_ways(folder)["rust-int4"] if bench_records(folder) else None
+        longs: dict[int, dict] = {}
+        for data in long_records(folder):
+            for r in data["rows"]:
+                if r["way"] == "rust-int4" and r["available"]:
+                    longs.setdefault(r["prompt_tokens"], r)
+        if not (int4 and int4["available"]) and not longs:
+            continue
+        c = cpu_class(folder)
+        short = f"{int4['read_tok_s']:.1f}" if int4 and int4["available"] and "read_tok_s" in int4 else ""
+        at = [f"{longs[n]['read_tok_s']:.1f}" if n in longs else "" for n in (508, 4076)]
+        way = chunk_way(int4)  # step 06's rows do not say: step 05's record of the same class does
+        rows.append(f"| {class_link(c, page_dir)} | {made_on(c)} | {short} | {at[0]} | {at[1]} | {way} |")
+    return ("Rust int4's read speed in tokens a second: step 05's bench for the 19-token prompt, step 06's for the "
+            "longer two, each from the newest record of its class that has it. The last column is how the record's "
+            "engine multiplied chunks of 128 rows or more. Blank: not recorded on that class.\n\n" + "\n".join(rows))
+
+
 GENERATED = {"results": results_table, "results:cpu-classes": cpu_classes_table,
              "results:machines": machines_table, "results:matvec": matvec_table, "results:peer": peer_table,
-             "results:peer-long": peer_long_table,
+             "results:peer-long": peer_long_table, "results:prompt-reads": prompt_reads_table,
              "records:all": records_page}
 GENERATED_MARKER = re.compile(r"^<!-- ((?:results|records)(?::[\w-]+)?) -->$", re.MULTILINE)
 

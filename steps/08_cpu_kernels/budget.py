@@ -1,7 +1,8 @@
 """Step 08: where an int4 decode step's time goes — each part of a step timed on its own (Engine.decode_budget),
 beside what reading its bytes would take at this machine's read limit (a read-only stream; its copy speed is shown
 too), and the parts' sum checked against the same steps untimed. With --read, the same for the prompt read
-(Engine.read_budget).
+(Engine.read_budget), whose products wait on arithmetic rather than memory: with fma4, each part beside what its
+multiply-adds would take at the CPU's float32 FMA limit (torchtpu_kernels.fma_limit).
 
 usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
                         [--decode-attention auto|own|aten] [--steps 16] [--read [--tokens N]] [--repeat 3]
@@ -52,17 +53,42 @@ def read_rounds(engine, ids: list[int], repeat: int) -> tuple[list[dict], list[f
     return budgets, untimed
 
 
-def table(budgets: list[dict], untimed: list[float], gb_s: float, copy_gb_s: float) -> dict:
-    """Median seconds and bytes of each part over the rounds, with each part's time at the read limit `gb_s`."""
+def table(budgets: list[dict], untimed: list[float], gb_s: float, copy_gb_s: float, gflop_s: float | None) -> dict:
+    """Median seconds and bytes of each part over the rounds, with each part's time at the read limit `gb_s`, and
+    its multiply-adds' time at the FMA limit `gflop_s` where one is given."""
     parts = []
     for i, (name, _, nbytes) in enumerate(budgets[0]["parts"]):
         ms = statistics.median(b["parts"][i][1] for b in budgets) * 1e3
-        parts.append({"part": name, "ms": ms, "bytes": nbytes, "limit_ms": nbytes / (gb_s * 1e9) * 1e3})
+        macs = budgets[0]["multiply_adds"].get(name, 0)
+        parts.append({"part": name, "ms": ms, "bytes": nbytes, "limit_ms": nbytes / (gb_s * 1e9) * 1e3,
+                      "multiply_adds": macs, "fma_ms": 2 * macs / (gflop_s * 1e9) * 1e3 if gflop_s else None})
     step_ms = sum(p["ms"] for p in parts)
     total_bytes = sum(p["bytes"] for p in parts)
+    total_macs = sum(p["multiply_adds"] for p in parts)
     return {"parts": parts, "step_ms": step_ms, "untimed_step_ms": statistics.median(untimed) * 1e3,
             "bytes_per_step": total_bytes, "limit_ms": total_bytes / (gb_s * 1e9) * 1e3, "read_gb_s": gb_s,
-            "copy_gb_s": copy_gb_s, "copy_limit_ms": total_bytes / (copy_gb_s * 1e9) * 1e3}
+            "copy_gb_s": copy_gb_s, "copy_limit_ms": total_bytes / (copy_gb_s * 1e9) * 1e3,
+            "multiply_adds": total_macs, "fma_gflop_s": gflop_s,
+            "fma_ms": 2 * total_macs / (gflop_s * 1e9) * 1e3 if gflop_s else None}
+
+
+def show_arithmetic(result: dict) -> None:
+    """A prompt read's table against the FMA limit: each part's multiply-adds and their time at it."""
+    step, untimed = result["step_ms"], result["untimed_step_ms"]
+    print(f"{'part':<38}{'ms':>8}{'share':>8}{'GFLOP':>10}{'ms at FMA limit':>17}{'of its limit':>14}")
+    for p in result["parts"]:
+        of_limit = f"{p['fma_ms'] / p['ms']:.2f}" if p["multiply_adds"] and p["ms"] > 0 else "-"
+        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{2 * p['multiply_adds'] / 1e9:>10.1f}"
+              f"{p['fma_ms']:>17.2f}{of_limit:>14}")
+    print(f"{'a prompt read, the parts summed':<38}{step:>8.2f}{1:>8.0%}{2 * result['multiply_adds'] / 1e9:>10.1f}"
+          f"{result['fma_ms']:>17.2f}{result['fma_ms'] / step:>14.2f}")
+    print(f"the same read untimed (generate): {untimed:.2f} ms a read; the parts add up to it within "
+          f"{abs(step - untimed) / untimed:.1%}")
+    print(f"at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s (float32, 8 lanes, all threads) the "
+          f"{2 * result['multiply_adds'] / 1e9:.0f} GFLOP of a read's products take {result['fma_ms']:.0f} ms: the "
+          f"untimed read runs at {result['fma_ms'] / untimed:.2f} of its arithmetic limit; its "
+          f"{result['bytes_per_step'] / 1e9:.3f} GB at the read limit's {result['read_gb_s']:.1f} GB/s take "
+          f"{result['limit_ms']:.0f} ms")
 
 
 def show(result: dict, read: bool) -> None:
@@ -84,8 +110,8 @@ def show(result: dict, read: bool) -> None:
           f"(read plus write), {result['copy_limit_ms'] / untimed:.2f}")
 
 
-def chart(result: dict, unit: str, title: str, path: str) -> None:
-    """Each part's measured time beside its time at the read limit, largest first."""
+def chart(result: dict, unit: str, title: str, path: str, arithmetic: bool) -> None:
+    """Each part's measured time beside its time at the read limit (or the FMA limit), largest first."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,8 +121,12 @@ def chart(result: dict, unit: str, title: str, path: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(parts) + 1.4))
     y = range(len(parts))
     ax.barh([i + 0.2 for i in y], [p["ms"] for p in parts], 0.4, label="measured")
-    ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
-            label=f"its bytes at the read limit's {result['read_gb_s']:.0f} GB/s")
+    if arithmetic:
+        ax.barh([i - 0.2 for i in y], [p["fma_ms"] for p in parts], 0.4, color="tab:gray",
+                label=f"its multiply-adds at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s")
+    else:
+        ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
+                label=f"its bytes at the read limit's {result['read_gb_s']:.0f} GB/s")
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
     ax.set_xlabel(f"ms per {unit}")
     ax.legend(loc="lower right", fontsize=8)
@@ -145,10 +175,16 @@ def main() -> None:
         unit = "decode step"
         print(f"{what}; per decode step, median of {args.repeat} rounds of {args.steps} steps", flush=True)
         budgets, untimed = rounds(engine, ids, args.steps, args.repeat)
-    result = {**table(budgets, untimed, read_gb_s, copy_gb_s), "read_kernel": read_kernel}
-    show(result, args.read)
+    # a prompt read's products wait on arithmetic: with fma4's float32 FMAs, its limit is theirs
+    arithmetic = args.read and engine.int4_matmul == "fma4"
+    gflop_s = torchtpu_kernels.fma_limit() if arithmetic else None
+    result = {**table(budgets, untimed, read_gb_s, copy_gb_s, gflop_s), "read_kernel": read_kernel}
+    if arithmetic:
+        show_arithmetic(result)
+    else:
+        show(result, args.read)
     if args.chart:
-        chart(result, unit, f"A {unit}'s time by part: {what}", args.chart)
+        chart(result, unit, f"A {unit}'s time by part: {what}", args.chart, arithmetic)
     seconds = "read_s" if args.read else "step_s"
     records.write_json(args.json, device, model=records.name(args.model), weights=engine.weights,
                        int4_matmul=engine.int4_matmul, attention_dtype=engine.attention_dtype,

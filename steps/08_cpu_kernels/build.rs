@@ -39,11 +39,13 @@ fn main() {
         .file("src/argmax.cpp")
         .file("src/tanh.cpp")
         .file("src/panels.cpp")
+        .file("src/peak.cpp")
         .compile("kernels");
     println!("cargo:rustc-link-lib=gomp");
     println!("cargo:rerun-if-changed=src/dot4.cpp");
     println!("cargo:rerun-if-changed=src/amx4.cpp");
     println!("cargo:rerun-if-changed=src/fma4.cpp");
+    println!("cargo:rerun-if-changed=src/peak.cpp");
     println!("cargo:rerun-if-changed=src/attend.cpp");
     println!("cargo:rerun-if-changed=src/norm.cpp");
     println!("cargo:rerun-if-changed=src/argmax.cpp");

@@ -109,6 +109,27 @@ def test_the_long_prompt_table_takes_each_length_from_the_newest_record_and_llam
     assert table.count("| 508 |") == 1
 
 
+def test_the_prompt_reads_table_takes_each_length_from_the_newest_record_and_names_the_chunks_way(runs):
+    folder = runs / "cpu-e2b-avx2"
+    panels = 'weights="int4": torchtpu_fma4_mm; prompt chunks of 128 rows or more by float32 panels (...)'
+    record(folder, "05_tpu", "2026-01-02T00:00:00+00:00",
+           [row("rust-int4", 20.0, read_tok_s=28.7, weights_reason=panels)])
+    for name, date, rows in [
+        ("06_longprompt-int4", "2026-01-03T00:00:00+00:00", [long_row("rust-int4", 508, 34.3, 18.0)]),
+        ("06_longprompt-peer", "2026-01-01T00:00:00+00:00",
+         [long_row("rust-int4", 508, 1.0, 1.0), long_row("rust-int4", 4076, 32.6, 16.0)])]:
+        meta = {"date": date, "cpu": "Some CPU", "cpu_capability": "AVX2", "bf16_matmul_hardware": None}
+        (folder / f"{name}.json").write_text(json.dumps({"meta": meta, "model": "checkpoints/e2b-x/text",
+                                                         "rows": rows}))
+    table = hooks.prompt_reads_table()
+    assert "| 28.7 | 34.3 | 32.6 | float32 panels |" in table, table
+    amx = 'weights="int4": torchtpu_dot4_mm; prompt chunks of 128 rows or more by panels (torchtpu_unpack_panel, ...)'
+    record(runs / "cpu-e2b-amx", "05_tpu", "2026-01-02T00:00:00+00:00",
+           [row("rust-int4", 30.0, read_tok_s=134.3, weights_reason=amx)], bf16_matmul_hardware="AMX",
+           cpu_capability="AVX512")
+    assert "| 134.3 |  |  | bf16 panels |" in hooks.prompt_reads_table()
+
+
 def test_a_rust_int4_aten_row_of_step_08s_engine_is_not_step_07s(runs):
     """Step 07's engine has step 03's sliding rings; a row with bucketed ones is step 08's engine on ATen's kernel,
     which older records ran under that name: not shown as step 07's."""

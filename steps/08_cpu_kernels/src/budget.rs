@@ -1,7 +1,8 @@
 //! Where a decode step's time goes: the forward pass names the part each piece of work belongs to (`timed`), and
 //! while a budget is being taken (`Engine.decode_budget`) each part's time and the bytes it reads add up, so that a
-//! step's time is a sum of named parts (docs/steps/08_cpu_kernels/budget.md). Otherwise `timed` only runs its
-//! work: one thread-local flag read.
+//! step's time is a sum of named parts (docs/steps/08_cpu_kernels/budget.md); the products also count their
+//! multiply-adds (`multiplied`), which set a prompt read's pace. Otherwise `timed` only runs its work: one
+//! thread-local flag read.
 //!
 //! A part's time is its own: work timed inside another part (a projection inside attention) counts for the inner
 //! part only, and the time between the named parts of a pass — the views and small ops that glue them, the Rust
@@ -78,11 +79,12 @@ impl Part {
     }
 }
 
-/// Seconds and bytes read by each part, over the steps a budget was taken for.
+/// Seconds, bytes read and multiply-adds of each part, over the steps a budget was taken for.
 #[derive(Clone, Debug, Default)]
 pub struct Budget {
     pub seconds: [f64; Part::ALL.len()],
     pub bytes: [i64; Part::ALL.len()],
+    pub multiply_adds: [i64; Part::ALL.len()],
 }
 
 struct Taking {
@@ -127,6 +129,15 @@ pub fn timed<T>(part: Part, bytes: i64, work: impl FnOnce() -> T) -> T {
 }
 // --8<-- [end:timed]
 
+/// Counts `count` multiply-adds to `part` while a budget is being taken: a product's rows times its weights.
+pub fn multiplied(part: Part, count: i64) {
+    TAKING.with_borrow_mut(|taking| {
+        if let Some(t) = taking.as_mut() {
+            t.budget.multiply_adds[part as usize] += count;
+        }
+    });
+}
+
 /// Runs `steps` with a budget taken on this thread (time outside a named part counts as `Part::Rest`); returns it.
 pub fn taken<T>(steps: impl FnOnce() -> T) -> (T, Budget) {
     TAKING.set(Some(Taking { budget: Budget::default(), current: Part::Rest, since: Instant::now() }));
@@ -159,6 +170,17 @@ mod tests {
         assert!((0.015..0.035).contains(&s(Part::Attention)), "{budget:?}");
         assert!((0.015..0.035).contains(&s(Part::Rest)), "{budget:?}");
         assert_eq!((budget.bytes[Part::Attention as usize], budget.bytes[Part::QkvProjections as usize]), (100, 7));
+    }
+
+    #[test]
+    fn multiply_adds_count_only_while_a_budget_is_taken() {
+        multiplied(Part::Head, 5);
+        let ((), budget) = taken(|| {
+            multiplied(Part::Head, 3);
+            multiplied(Part::Head, 4);
+        });
+        assert_eq!(budget.multiply_adds[Part::Head as usize], 7);
+        assert_eq!(budget.multiply_adds.iter().sum::<i64>(), 7);
     }
 
     #[test]

@@ -561,6 +561,11 @@ impl OwnLinear {
     pub fn bytes(&self) -> i64 {
         self.bytes
     }
+
+    /// Rows × columns: eight nibbles a word.
+    pub fn weights(&self) -> i64 {
+        self.words.numel() as i64 * 8
+    }
 }
 // --8<-- [end:dot4]
 

@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::attend::{attend_one, DecodeAttention};
 use crate::bridge::on;
-use crate::budget::{self, timed, Budget, Part};
+use crate::budget::{self, multiplied, timed, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::dot4::Stacking;
 use crate::error::{invalid, Result};
@@ -103,8 +103,10 @@ fn bytes(t: &Tensor) -> i64 {
     t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
 }
 
-/// `x · wᵀ`, timed as `part` of a decode step's budget (budget.rs), which reads the whole matrix.
+/// `x · wᵀ`, timed as `part` of a decode step's budget (budget.rs), which reads the whole matrix and does a
+/// multiply-add per weight and row of x.
 fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
+    multiplied(part, x.size()[0] * w.weights());
     timed(part, w.bytes(), || w.forward(x))
 }
 
@@ -447,7 +449,10 @@ impl Mlp {
                 gelu_times(&gate, &up)?
             }
             // the gelu on the kernel's way out: timed with the product
-            GateUp::Stacked(both) => timed(Part::GateUpProjections, both.bytes(), || both.gelu_of_halves(x))?,
+            GateUp::Stacked(both) => {
+                multiplied(Part::GateUpProjections, x.size()[0] * both.weights());
+                timed(Part::GateUpProjections, both.bytes(), || both.gelu_of_halves(x))?
+            }
         };
         linear(Part::DownProjection, &mixed, &self.down_proj)
     }
@@ -481,6 +486,7 @@ impl PerLayerInput {
         let mixed = match &self.gate {
             // on this step's kernels the gelu on the gate's way out, where its bits are ATen's (as Mlp's)
             Linear::Own(gate) if tanh::whole_steps(gate.out_rows()) => {
+                multiplied(Part::PerLayerInput, x.size()[0] * gate.weights());
                 timed(Part::PerLayerInput, gate.bytes(), || gate.gelu_times(x, input))?
             }
             gate => gelu_times(&linear(Part::PerLayerInput, x, gate)?, input)?,

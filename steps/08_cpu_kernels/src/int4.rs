@@ -79,6 +79,11 @@ impl Int4Linear {
     }
 
     /// Bytes one product reads: the nibbles, the scales and their zero points.
+    /// Rows × columns: two nibbles a byte of `packed`.
+    pub fn weights(&self) -> i64 {
+        self.packed.numel() as i64 * 2
+    }
+
     pub fn bytes(&self) -> i64 {
         let bytes = |t: &Tensor| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
         bytes(&self.packed) + bytes(&self.scale_zeros)

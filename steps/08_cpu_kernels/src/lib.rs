@@ -354,6 +354,29 @@ fn fma16_runs() -> bool {
     cpu::fma16_runs()
 }
 
+/// fma_limit(rounds=20_000_000, tries=3) -> float
+///
+/// The arithmetic limit of a prompt read on fma4's CPUs, in float32 GFLOP/s (two a multiply-add): AVX2's 8-lane
+/// FMAs on all of torch's threads at once, `rounds` rounds of 12 independent FMAs on each, best of `tries`. fma4
+/// and MKL's AVX2 product do their multiply-adds with this instruction, so no product of theirs goes faster.
+/// Raises RuntimeError where fma4 does not run (fma4_runs()), ValueError for rounds or tries below 1.
+#[pyfunction]
+#[pyo3(signature = (rounds = 20_000_000, tries = 3))]
+fn fma_limit(py: Python<'_>, rounds: i64, tries: i32) -> PyResult<f64> {
+    if rounds < 1 || tries < 1 {
+        return Err(PyValueError::new_err(format!("fma_limit(rounds={rounds}, tries={tries}): need both >= 1")));
+    }
+    if !cpu::fma4_runs() {
+        return Err(PyRuntimeError::new_err(format!("fma_limit: needs {}", Kernel::Fma4.needs())));
+    }
+    // SAFETY: fma4 runs here, so the CPU has the AVX2 and FMA the probe is compiled for; it touches nothing else.
+    Ok(py.detach(|| unsafe { torchtpu_fma_limit(rounds, tries) }))
+}
+
+extern "C" {
+    fn torchtpu_fma_limit(rounds: i64, tries: i32) -> f64; // peak.cpp
+}
+
 /// panels_run() -> bool
 ///
 /// Whether dot4's prompt chunks (128 activation rows or more) go by panels in this process: unpacked to bf16 a
@@ -677,7 +700,8 @@ impl Engine {
     /// Where a decode step's time goes. Reads the prompt `ids`, then makes `steps` greedy decode steps as
     /// `generate` does, timing each part of them on its own (see the class docstring): returns {"tokens": the
     /// 1 + steps tokens, "parts": [(name, seconds, bytes)] per step on average — bytes read as stored —, "step_s":
-    /// their sum}. The parts cover the whole step: work between named parts counts as "the rest (views, the step's
+    /// their sum, "multiply_adds": {name: the products' multiply-adds per step} for the parts that multiply
+    /// matrices}. The parts cover the whole step: work between named parts counts as "the rest (views, the step's
     /// glue)".
     fn decode_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, steps: i64) -> PyResult<Bound<'py, PyDict>> {
         let ids = token_ids(ids, "decode_budget(ids)")?;
@@ -703,6 +727,7 @@ impl Engine {
         out.set_item("tokens", tokens)?;
         out.set_item("step_s", per_step(budget.seconds.iter().sum()))?;
         out.set_item("parts", parts)?;
+        out.set_item("multiply_adds", multiply_adds(&budget, steps))?;
         Ok(out)
     }
 
@@ -710,7 +735,8 @@ impl Engine {
     ///
     /// Where a prompt read's time goes. Reads the prompt `ids` into a fresh cache as `generate` does (its chunks,
     /// the head on the last row, the first greedy token), timing each part on its own: returns {"token": the first
-    /// token, "parts": [(name, seconds, bytes)] for the read — bytes read as stored —, "read_s": their sum}.
+    /// token, "parts": [(name, seconds, bytes)] for the read — bytes read as stored —, "read_s": their sum,
+    /// "multiply_adds": {name: the products' multiply-adds} for the parts that multiply matrices}.
     fn read_budget<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let ids = token_ids(ids, "read_budget(ids)")?;
         let mut state = self.state()?;
@@ -726,6 +752,7 @@ impl Engine {
         out.set_item("token", token)?;
         out.set_item("read_s", budget.seconds.iter().sum::<f64>())?;
         out.set_item("parts", parts)?;
+        out.set_item("multiply_adds", multiply_adds(&budget, 1))?;
         Ok(out)
     }
 
@@ -1164,6 +1191,16 @@ fn vocabulary(cfg: &TextConfig) -> i64 {
 }
 
 /// Prompt ids must be in the vocabulary and fit the context.
+/// A budget's multiply-adds by part name, per step over `steps`: the parts that multiply matrices (attention's scores
+/// and sums are not counted).
+fn multiply_adds(budget: &budget::Budget, steps: i64) -> std::collections::BTreeMap<&'static str, i64> {
+    budget::Part::ALL
+        .iter()
+        .filter(|&&p| budget.multiply_adds[p as usize] > 0)
+        .map(|&p| (p.name(), budget.multiply_adds[p as usize] / steps))
+        .collect()
+}
+
 fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
     if ids.is_empty() {
         return Err(PyValueError::new_err("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)"));
@@ -1253,7 +1290,8 @@ fn filtered_probs<'py>(
 
 /// The Rust half of torchtpu_kernels: `Engine` (and its `TokenStream`), `sample`, `filtered_probs`, `layout_for`,
 /// `int4_kernel`, which of this step's kernels run and how (`dot4_runs`, `fma4_runs`, `fma4_subnormals`, `amx4_runs`,
-/// `fma16_runs`, `panels_run`, `dot4_float_panels_run`), `repack`, `Int4Linear`, and the versions it was built with.
+/// `fma16_runs`, `panels_run`, `dot4_float_panels_run`), `fma_limit`, `repack`, `Int4Linear`, and the versions it was
+/// built with.
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // torch must be loaded first: it owns libtorch_python, which `give` uses to build Python tensors.
@@ -1273,6 +1311,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fma16_runs, m)?)?;
     m.add_function(wrap_pyfunction!(panels_run, m)?)?;
     m.add_function(wrap_pyfunction!(dot4_float_panels_run, m)?)?;
+    m.add_function(wrap_pyfunction!(fma_limit, m)?)?;
     m.add("TCH_VERSION", env!("TCH_VERSION"))?;
     m.add("RUSTC_VERSION", env!("RUSTC_VERSION"))?;
     m.add("BUILT_WITH_TORCH", env!("BUILT_WITH_TORCH"))?;

@@ -118,6 +118,15 @@ impl Linear {
         }
     }
 
+    /// Its weights, rows × columns: the multiply-adds a product does per row of x.
+    pub fn weights(&self) -> i64 {
+        match self {
+            Linear::Dense(t) => t.numel() as i64,
+            Linear::Int4(w) => w.weights(),
+            Linear::Own(w) => w.weights(),
+        }
+    }
+
     pub fn bytes(&self) -> i64 {
         match self {
             Linear::Dense(t) => t.numel() as i64 * t.kind().elt_size_in_bytes() as i64,

@@ -71,6 +71,31 @@ def test_the_parts_cover_a_prompt_read_and_count_each_matrix_once_a_chunk(tiny, 
         engine.read_budget([2, -3])
 
 
+def test_a_prompt_reads_multiply_adds_are_its_rows_times_a_decode_steps(tiny, matmul):
+    engine = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
+    step = engine.decode_budget(IDS, 2)["multiply_adds"]
+    # a decode step multiplies each weight once: the head's are the vocabulary times the hidden size
+    assert set(step) == {n for n in PARTS if "projection" in n} | {"output head"}
+    config = json.loads((tiny / "text" / "config.json").read_text())
+    text = config.get("text_config", config)
+    assert step["output head"] == text["vocab_size"] * text["hidden_size"]
+    for ids in (IDS, IDS * 5):  # one chunk, and three
+        read = engine.read_budget(ids)["multiply_adds"]
+        # every product multiplies each of its weights by each row; the head only the last row
+        assert read == {n: c if n == "output head" else len(ids) * c for n, c in step.items()}
+
+
+def test_the_fma_limit_is_a_rate_and_refuses_bad_arguments():
+    if not torchtpu_kernels.fma4_runs():
+        with pytest.raises(RuntimeError, match="fma_limit: needs a CPU with AVX2"):
+            torchtpu_kernels.fma_limit()
+        return
+    assert math.isfinite(limit := torchtpu_kernels.fma_limit(rounds=200_000)) and limit > 0
+    for rounds, tries in ((0, 3), (10, 0)):
+        with pytest.raises(ValueError, match=rf"fma_limit\(rounds={rounds}, tries={tries}\): need both >= 1"):
+            torchtpu_kernels.fma_limit(rounds, tries)
+
+
 def test_attention_is_counted_by_the_slots_it_reads(tiny):
     def attention(engine, n):  # bytes of one decode step after n prompt tokens
         return {name: b for name, _, b in engine.decode_budget(IDS[:n], 1)["parts"]}["attention over the cache"]
@@ -121,5 +146,8 @@ def test_the_script_budgets_a_prompt_read_too(tmp_path):
     record = json.loads(out.read_text())
     assert record["budget"] == "read" and len(record["prompt_ids"]) == 40 and len(record["tokens"]) == 1
     assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
+    if record["int4_matmul"] == "fma4":  # its products against the FMA limit
+        assert record["fma_gflop_s"] > 0 and "of its arithmetic limit" in run.stdout
+        assert record["multiply_adds"] == sum(p["multiply_adds"] for p in record["parts"]) > 0
     run = subprocess.run([sys.executable, STEP / "budget.py", "--tokens", "40"], capture_output=True, text=True)
     assert run.returncode == 2 and "--tokens 40: only with --read" in run.stderr

@@ -33,6 +33,7 @@ from ._engine import (
     fma4_runs,
     fma4_subnormals,
     fma16_runs,
+    fma_limit,
     int4_kernel,
     layout_for,
     panels_run,
@@ -41,5 +42,5 @@ from ._engine import (
 )
 
 __all__ = ["Engine", "TokenStream", "Int4Linear", "layout_for", "filtered_probs", "sample", "int4_kernel", "dot4_runs",
-           "fma4_runs", "fma4_subnormals", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run", "repack",
-           "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]
+           "fma4_runs", "fma4_subnormals", "amx4_runs", "fma16_runs", "panels_run", "dot4_float_panels_run",
+           "fma_limit", "repack", "TCH_VERSION", "RUSTC_VERSION", "BUILT_WITH_TORCH"]

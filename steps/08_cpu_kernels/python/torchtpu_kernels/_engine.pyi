@@ -11,8 +11,10 @@ BUILT_WITH_TORCH: str
 
 Layout = tuple[int, int, int, int]  # (full_rings, sliding_rings, shared_layers, sliding_ring_len)
 Stop = list[int] | tuple[int, ...] | set[int] | frozenset[int] | None
-DecodeBudget = dict  # {"tokens": list[int], "parts": list[tuple[str, float, float]], "step_s": float}
-ReadBudget = dict  # {"token": int, "parts": list[tuple[str, float, int]], "read_s": float}
+DecodeBudget = dict  # {"tokens": list[int], "parts": list[tuple[str, float, float]], "step_s": float,
+#                       "multiply_adds": dict[str, int]}
+ReadBudget = dict  # {"token": int, "parts": list[tuple[str, float, int]], "read_s": float,
+#                     "multiply_adds": dict[str, int]}
 
 class TokenStream(Iterator[int]):
     """What Engine.stream / Engine.tokens return: each next() makes one decode step and yields its token; ends after
@@ -192,6 +194,10 @@ def panels_run() -> bool:
 def dot4_float_panels_run() -> bool:
     """Whether dot4's prompt chunks (128 rows or more) go by float32 panels here, as fma4's: dot4 runs, its bf16
     panels do not (panels_run()), and the CPU is an Intel one (MKL's float32 product is the faster there)."""
+def fma_limit(rounds: int = 20_000_000, tries: int = 3) -> float:
+    """The arithmetic limit of a prompt read on fma4's CPUs, float32 GFLOP/s (two a multiply-add): AVX2's 8-lane FMAs
+    on all of torch's threads at once, best of `tries`. fma4 and MKL's AVX2 product multiply with this instruction, so
+    no product of theirs goes faster. RuntimeError where fma4 does not run."""
 
 class Int4Linear:
     """A checkpoint's packed matrix kept 4-bit as the Engine keeps its linears, for one kernel ("aten", "dot4",
