@@ -133,8 +133,14 @@ pub const PANEL_MIN_ROWS: i64 = 128;
 /// same Xeon kept from AMX only (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, best of 5): [12288 × 1536] by dot4 at 63 / 96
 /// rows 11.9 / 18.3 ms (so about 24 at 128), by its float32 panels at 128 / 512 rows 17.9 / 52.3.
 pub const FLOAT_PANEL_MIN_ROWS: i64 = 128;
-/// Rows of W unpacked at a time: 3 MB of bf16 at E2B's 1,536 columns, written once and read once by the product.
+/// Rows of W unpacked at a time into bf16 panels: 3 MB at E2B's 1,536 columns, written once and read once by the
+/// product.
 const PANEL_ROWS: i64 = 1024;
+/// The same for float32 panels: 1.5 MB at 1,536 columns, 6 MB at the down projection's 6,144. 1,024 rows made the
+/// down projection's panels 25 MB, far past the caches: on an AVX2-only AMD EPYC Zen 3 (2026-12-07, `budget.py --e2b
+/// --read --tokens 508`, one round each, one after the other) a 508-token read took 15.4 s with 1,024 rows, 13.3 /
+/// 13.8 / 13.9 s with 256 / 128 / 512, its down projection 4.32 s against 3.27 / 3.27 / 3.30.
+const FLOAT_PANEL_ROWS: i64 = 256;
 
 /// This step's two kernels, which read the same layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +161,14 @@ pub enum Panels {
 }
 
 impl Panels {
+    /// Rows of W unpacked at a time.
+    fn rows(self) -> i64 {
+        match self {
+            Panels::Bf16 => PANEL_ROWS,
+            Panels::Float => FLOAT_PANEL_ROWS,
+        }
+    }
+
     /// From how many activation rows a product goes by them.
     pub fn min_rows(self) -> i64 {
         match self {
@@ -520,7 +534,7 @@ impl OwnLinear {
     }
 
     // --8<-- [start:panels]
-    /// `x · Wᵀ` a panel of `PANEL_ROWS` rows at a time: the panel unpacked to weights (panels.cpp: `(q - 8) ·
+    /// `x · Wᵀ` a panel of rows at a time (`Panels::rows`): the panel unpacked to weights (panels.cpp: `(q - 8) ·
     /// scale`), then torch's matmul — bf16 weights (rounded once: step 03's) and bf16's product, which oneDNN runs on
     /// AMX; or float32 weights (exact) and float32's product, rounded once to bf16 as it is copied into y. x is
     /// contiguous bf16 [m, cols] (checked by `forward`); the panels run here (`Kernel::panels`, or the tests').
@@ -534,7 +548,7 @@ impl OwnLinear {
         };
         let mut start = 0;
         while start < rows {
-            let n = PANEL_ROWS.min(rows - start);
+            let n = panels.rows().min(rows - start);
             let wt = Tensor::f_empty([cols, n], (kind, Device::Cpu))?;
             // SAFETY: words and scales are contiguous in dot4's layout (made in `new`), block start / 16 onwards
             // holds n / 16 blocks (start and n are multiples of 16, start + n <= rows); wt is a fresh contiguous
@@ -950,7 +964,7 @@ mod tests {
             // down_proj's 6,144 columns (3 blocks of its rows; all 1,536 would be minutes under make test's emulated
             // CPUs) with a chunk a little over the fewest rows that go by panels; f16 scales (the emb4 twin's)
             let cases = [
-                (PANEL_ROWS + 48, 192, Kind::BFloat16, panels.min_rows()),
+                (panels.rows() + 48, 192, Kind::BFloat16, panels.min_rows()),
                 (48, 6144, Kind::BFloat16, panels.min_rows() + 36),
                 (256, 1536, Kind::Half, panels.min_rows() + 3),
             ];
