@@ -440,7 +440,7 @@ def prompt_reads_table(page_dir: str = "") -> str:
     rows = ["| CPU class | made on | 19 tokens | 508 tokens | 4,076 tokens | long chunks by |",
             "|---|---|---:|---:|---:|---|"]
     for folder in folders():
-        int4 = class_ways(folder)["rust-int4"] if bench_records(folder) else None
+        int4 = class_ways(folder)["rust-int4"]
         longs: dict[int, dict] = {}
         for data in long_records(folder):
             for r in data["rows"]:

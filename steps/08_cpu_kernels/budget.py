@@ -72,38 +72,33 @@ def table(budgets: list[dict], untimed: list[float], gb_s: float, copy_gb_s: flo
             "fma_ms": 2 * total_macs / (gflop_s * 1e9) * 1e3 if gflop_s else None}
 
 
-def show_arithmetic(result: dict) -> None:
-    """A prompt read's table against the FMA limit: each part's multiply-adds and their time at it."""
-    step, untimed = result["step_ms"], result["untimed_step_ms"]
-    print(f"{'part':<38}{'ms':>8}{'share':>8}{'GFLOP':>10}{'ms at FMA limit':>17}{'of its limit':>14}")
-    for p in result["parts"]:
-        of_limit = f"{p['fma_ms'] / p['ms']:.2f}" if p["multiply_adds"] and p["ms"] > 0 else "-"
-        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{2 * p['multiply_adds'] / 1e9:>10.1f}"
-              f"{p['fma_ms']:>17.2f}{of_limit:>14}")
-    print(f"{'a prompt read, the parts summed':<38}{step:>8.2f}{1:>8.0%}{2 * result['multiply_adds'] / 1e9:>10.1f}"
-          f"{result['fma_ms']:>17.2f}{result['fma_ms'] / step:>14.2f}")
-    print(f"the same read untimed (generate): {untimed:.2f} ms a read; the parts add up to it within "
-          f"{abs(step - untimed) / untimed:.1%}")
-    print(f"at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s (float32, 8 lanes, all threads) the "
-          f"{2 * result['multiply_adds'] / 1e9:.0f} GFLOP of a read's products take {result['fma_ms']:.0f} ms: the "
-          f"untimed read runs at {result['fma_ms'] / untimed:.2f} of its arithmetic limit; its "
-          f"{result['bytes_per_step'] / 1e9:.3f} GB at the read limit's {result['read_gb_s']:.1f} GB/s take "
-          f"{result['limit_ms']:.0f} ms")
+# What a table sets each part against: a decode step's bytes at the read limit, or, with `arithmetic`, a prompt read's
+# multiply-adds at the FMA limit — (column, a part's amount in it, its time at the limit, that column's name).
+BY_BYTES = ("MB read", lambda p: p["bytes"] / 1e6, "limit_ms", "ms at read limit")
+BY_MULTIPLY_ADDS = ("GFLOP", lambda p: 2 * p["multiply_adds"] / 1e9, "fma_ms", "ms at FMA limit")
 
 
-def show(result: dict, read: bool) -> None:
-    """The table, its sum against the same work untimed, and that against the read limit (and the copy's)."""
+def show(result: dict, read: bool, arithmetic: bool) -> None:
+    """The table, its sum against the same work untimed, and that against its limit: the read limit (and the copy's),
+    or with `arithmetic` the FMA limit."""
     unit, what, one = ("a prompt read", "read", "read") if read else ("a decode step", "steps", "step")
     step, untimed = result["step_ms"], result["untimed_step_ms"]
-    print(f"{'part':<38}{'ms':>8}{'share':>8}{'MB read':>10}{'ms at read limit':>18}{'of its limit':>14}")
+    column, amount, limit, limit_name = BY_MULTIPLY_ADDS if arithmetic else BY_BYTES
+    print(f"{'part':<38}{'ms':>8}{'share':>8}{column:>10}{limit_name:>18}{'of its limit':>14}")
     for p in result["parts"]:
-        of_limit = f"{p['limit_ms'] / p['ms']:.2f}" if p["bytes"] and p["ms"] > 0 else "-"
-        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{p['bytes'] / 1e6:>10.2f}"
-              f"{p['limit_ms']:>18.2f}{of_limit:>14}")
-    print(f"{unit + ', the parts summed':<38}{step:>8.2f}{1:>8.0%}{result['bytes_per_step'] / 1e6:>10.1f}"
-          f"{result['limit_ms']:>18.2f}{result['limit_ms'] / step:>14.2f}")
+        of_limit = f"{p[limit] / p['ms']:.2f}" if amount(p) and p["ms"] > 0 else "-"
+        print(f"{p['part']:<38}{p['ms']:>8.2f}{p['ms'] / step:>8.1%}{amount(p):>10.2f}{p[limit]:>18.2f}{of_limit:>14}")
+    total = {"bytes": result["bytes_per_step"], "multiply_adds": result["multiply_adds"]}
+    print(f"{unit + ', the parts summed':<38}{step:>8.2f}{1:>8.0%}{amount(total):>10.1f}"
+          f"{result[limit]:>18.2f}{result[limit] / step:>14.2f}")
     print(f"the same {what} untimed (generate): {untimed:.2f} ms a {one}; the parts add up to it within "
           f"{abs(step - untimed) / untimed:.1%}")
+    if arithmetic:
+        print(f"at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s (float32, 8 lanes, all threads) the "
+              f"{amount(total):.0f} GFLOP of a read's products take {result['fma_ms']:.0f} ms: the untimed read runs "
+              f"at {result['fma_ms'] / untimed:.2f} of its arithmetic limit; its {result['bytes_per_step'] / 1e9:.3f} "
+              f"GB at the read limit's {result['read_gb_s']:.1f} GB/s take {result['limit_ms']:.0f} ms")
+        return
     print(f"at the read limit's {result['read_gb_s']:.1f} GB/s (a read-only stream, by {result['read_kernel']}) the "
           f"{result['bytes_per_step'] / 1e9:.3f} GB a {one} reads take {result['limit_ms']:.2f} ms: the untimed {one} "
           f"runs at {result['limit_ms'] / untimed:.2f} of its read limit; at the copy's {result['copy_gb_s']:.1f} GB/s "
@@ -121,12 +116,9 @@ def chart(result: dict, unit: str, title: str, path: str, arithmetic: bool) -> N
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(parts) + 1.4))
     y = range(len(parts))
     ax.barh([i + 0.2 for i in y], [p["ms"] for p in parts], 0.4, label="measured")
-    if arithmetic:
-        ax.barh([i - 0.2 for i in y], [p["fma_ms"] for p in parts], 0.4, color="tab:gray",
-                label=f"its multiply-adds at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s")
-    else:
-        ax.barh([i - 0.2 for i in y], [p["limit_ms"] for p in parts], 0.4, color="tab:gray",
-                label=f"its bytes at the read limit's {result['read_gb_s']:.0f} GB/s")
+    limit, label = (("fma_ms", f"its multiply-adds at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s")
+                    if arithmetic else ("limit_ms", f"its bytes at the read limit's {result['read_gb_s']:.0f} GB/s"))
+    ax.barh([i - 0.2 for i in y], [p[limit] for p in parts], 0.4, color="tab:gray", label=label)
     ax.set_yticks(list(y), [p["part"] for p in parts], fontsize=8)
     ax.set_xlabel(f"ms per {unit}")
     ax.legend(loc="lower right", fontsize=8)
@@ -179,10 +171,7 @@ def main() -> None:
     arithmetic = args.read and engine.int4_matmul == "fma4"
     gflop_s = torchtpu_kernels.fma_limit() if arithmetic else None
     result = {**table(budgets, untimed, read_gb_s, copy_gb_s, gflop_s), "read_kernel": read_kernel}
-    if arithmetic:
-        show_arithmetic(result)
-    else:
-        show(result, args.read)
+    show(result, args.read, arithmetic)
     if args.chart:
         chart(result, unit, f"A {unit}'s time by part: {what}", args.chart, arithmetic)
     seconds = "read_s" if args.read else "step_s"

@@ -1,7 +1,7 @@
 //! Where a decode step's time goes: the forward pass names the part each piece of work belongs to (`timed`), and
 //! while a budget is being taken (`Engine.decode_budget`) each part's time and the bytes it reads add up, so that a
 //! step's time is a sum of named parts (docs/steps/08_cpu_kernels/budget.md); the products also count their
-//! multiply-adds (`multiplied`), which set a prompt read's pace. Otherwise `timed` only runs its work: one
+//! multiply-adds (`timed_product`), which set a prompt read's pace. Otherwise `timed` only runs its work: one
 //! thread-local flag read.
 //!
 //! A part's time is its own: work timed inside another part (a projection inside attention) counts for the inner
@@ -9,6 +9,12 @@
 //! between — goes to `Part::Rest`. Every op here is synchronous on a CPU, so a clock read after it is its end.
 use std::cell::RefCell;
 use std::time::Instant;
+
+use crate::cpu;
+
+extern "C" {
+    fn torchtpu_fma_limit(rounds: i64, tries: i32) -> f64; // peak.cpp
+}
 
 /// The parts of a decode step, in the order a step does them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,25 +123,31 @@ pub fn taking() -> bool {
 // --8<-- [start:timed]
 /// Runs `work` as part `part`, which reads `bytes` (as stored) to do it.
 pub fn timed<T>(part: Part, bytes: i64, work: impl FnOnce() -> T) -> T {
+    timed_product(part, bytes, || 0, work)
+}
+
+/// The same for a matrix product, which also counts its multiply-adds: `multiply_adds` is asked only while a budget
+/// is taken, so a decode step's products pay nothing for the count.
+pub fn timed_product<T>(part: Part, bytes: i64, multiply_adds: impl FnOnce() -> i64, work: impl FnOnce() -> T) -> T {
     let Some(outer) = switch(part) else { return work() };
     let out = work();
     switch(outer);
     TAKING.with_borrow_mut(|taking| {
         if let Some(t) = taking.as_mut() {
             t.budget.bytes[part as usize] += bytes;
+            t.budget.multiply_adds[part as usize] += multiply_adds();
         }
     });
     out
 }
 // --8<-- [end:timed]
 
-/// Counts `count` multiply-adds to `part` while a budget is being taken: a product's rows times its weights.
-pub fn multiplied(part: Part, count: i64) {
-    TAKING.with_borrow_mut(|taking| {
-        if let Some(t) = taking.as_mut() {
-            t.budget.multiply_adds[part as usize] += count;
-        }
-    });
+/// The limit a prompt read's products are set against where fma4 runs (None elsewhere): float32 GFLOP/s of AVX2's
+/// 8-lane FMAs on all of torch's threads at once, `rounds` rounds of 12 independent FMAs on each, best of `tries`
+/// (peak.cpp). fma4 and MKL's AVX2 product multiply with this instruction, so no product of theirs goes faster.
+pub fn fma_limit(rounds: i64, tries: i32) -> Option<f64> {
+    // SAFETY: fma4 runs here, so the CPU has the AVX2 and FMA the probe is compiled for; it touches nothing else.
+    cpu::fma4_runs().then(|| unsafe { torchtpu_fma_limit(rounds, tries) })
 }
 
 /// Runs `steps` with a budget taken on this thread (time outside a named part counts as `Part::Rest`); returns it.
@@ -173,11 +185,13 @@ mod tests {
     }
 
     #[test]
-    fn multiply_adds_count_only_while_a_budget_is_taken() {
-        multiplied(Part::Head, 5);
+    fn multiply_adds_are_counted_only_while_a_budget_is_taken() {
+        let unasked = || -> i64 { panic!("asked for a count with no budget taken") };
+        assert_eq!(timed_product(Part::Head, 1, unasked, || 42), 42);
         let ((), budget) = taken(|| {
-            multiplied(Part::Head, 3);
-            multiplied(Part::Head, 4);
+            timed_product(Part::Head, 1, || 3, || ());
+            timed_product(Part::Head, 1, || 4, || ());
+            timed(Part::Norms, 0, || ());
         });
         assert_eq!(budget.multiply_adds[Part::Head as usize], 7);
         assert_eq!(budget.multiply_adds.iter().sum::<i64>(), 7);

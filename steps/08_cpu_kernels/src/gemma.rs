@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::attend::{attend_one, DecodeAttention};
 use crate::bridge::on;
-use crate::budget::{self, multiplied, timed, Budget, Part};
+use crate::budget::{self, timed, timed_product, Budget, Part};
 use crate::config::{AttentionKind, ByKind, TextConfig};
 use crate::dot4::Stacking;
 use crate::error::{invalid, Result};
@@ -106,8 +106,7 @@ fn bytes(t: &Tensor) -> i64 {
 /// `x · wᵀ`, timed as `part` of a decode step's budget (budget.rs), which reads the whole matrix and does a
 /// multiply-add per weight and row of x.
 fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
-    multiplied(part, x.size()[0] * w.weights());
-    timed(part, w.bytes(), || w.forward(x))
+    timed_product(part, w.bytes(), || x.size()[0] * w.weights(), || w.forward(x))
 }
 
 /// `gelu_tanh(gate) · other`: in one call on the CPU (tanh.rs, the same bits), else in ATen's two ops.
@@ -450,8 +449,8 @@ impl Mlp {
             }
             // the gelu on the kernel's way out: timed with the product
             GateUp::Stacked(both) => {
-                multiplied(Part::GateUpProjections, x.size()[0] * both.weights());
-                timed(Part::GateUpProjections, both.bytes(), || both.gelu_of_halves(x))?
+                let (bytes, multiply_adds) = (both.bytes(), || x.size()[0] * both.weights());
+                timed_product(Part::GateUpProjections, bytes, multiply_adds, || both.gelu_of_halves(x))?
             }
         };
         linear(Part::DownProjection, &mixed, &self.down_proj)
@@ -486,8 +485,8 @@ impl PerLayerInput {
         let mixed = match &self.gate {
             // on this step's kernels the gelu on the gate's way out, where its bits are ATen's (as Mlp's)
             Linear::Own(gate) if tanh::whole_steps(gate.out_rows()) => {
-                multiplied(Part::PerLayerInput, x.size()[0] * gate.weights());
-                timed(Part::PerLayerInput, gate.bytes(), || gate.gelu_times(x, input))?
+                let (bytes, multiply_adds) = (gate.bytes(), || x.size()[0] * gate.weights());
+                timed_product(Part::PerLayerInput, bytes, multiply_adds, || gate.gelu_times(x, input))?
             }
             gate => gelu_times(&linear(Part::PerLayerInput, x, gate)?, input)?,
         };

@@ -366,15 +366,8 @@ fn fma_limit(py: Python<'_>, rounds: i64, tries: i32) -> PyResult<f64> {
     if rounds < 1 || tries < 1 {
         return Err(PyValueError::new_err(format!("fma_limit(rounds={rounds}, tries={tries}): need both >= 1")));
     }
-    if !cpu::fma4_runs() {
-        return Err(PyRuntimeError::new_err(format!("fma_limit: needs {}", Kernel::Fma4.needs())));
-    }
-    // SAFETY: fma4 runs here, so the CPU has the AVX2 and FMA the probe is compiled for; it touches nothing else.
-    Ok(py.detach(|| unsafe { torchtpu_fma_limit(rounds, tries) }))
-}
-
-extern "C" {
-    fn torchtpu_fma_limit(rounds: i64, tries: i32) -> f64; // peak.cpp
+    py.detach(|| budget::fma_limit(rounds, tries))
+        .ok_or_else(|| PyRuntimeError::new_err(format!("fma_limit: needs {}", Kernel::Fma4.needs())))
 }
 
 /// panels_run() -> bool
@@ -1190,7 +1183,6 @@ fn vocabulary(cfg: &TextConfig) -> i64 {
     cfg.vocab_size.min(cfg.vocab_size_per_layer_input)
 }
 
-/// Prompt ids must be in the vocabulary and fit the context.
 /// A budget's multiply-adds by part name, per step over `steps`: the parts that multiply matrices (attention's scores
 /// and sums are not counted).
 fn multiply_adds(budget: &budget::Budget, steps: i64) -> std::collections::BTreeMap<&'static str, i64> {
@@ -1201,6 +1193,7 @@ fn multiply_adds(budget: &budget::Budget, steps: i64) -> std::collections::BTree
         .collect()
 }
 
+/// Prompt ids must be in the vocabulary and fit the context.
 fn check_ids(ids: &[i64], cfg: &TextConfig, ctx: i64) -> PyResult<()> {
     if ids.is_empty() {
         return Err(PyValueError::new_err("ids: the prompt is empty; it needs at least one token (e.g. <bos> = 2)"));
