@@ -243,6 +243,12 @@ impl Rotation {
         let rotated = Tensor::f_cat(&[x.f_narrow(2, half, half)?.f_neg()?, x.f_narrow(2, 0, half)?], -1)?;
         Ok(x.f_mul(&self.cos)?.f_add(&rotated.f_mul(&self.sin)?)?)
     }
+
+    /// The rotation of the last `rows` tokens only.
+    fn last(&self, rows: i64) -> Result<Rotation> {
+        let last = |t: &Tensor| t.f_narrow(0, t.size()[0] - rows, rows);
+        Ok(Rotation { cos: last(&self.cos)?, sin: last(&self.sin)? })
+    }
 }
 // --8<-- [end:rope]
 
@@ -654,6 +660,15 @@ struct Slots {
     one: Option<i64>,
 }
 
+impl Slots {
+    /// The slots and masks of the last `rows` tokens only: they see the same slots.
+    fn last(&self, rows: i64) -> Result<Slots> {
+        let last = |t: &Tensor| t.f_narrow(0, t.size()[0] - rows, rows);
+        let one = if rows == 1 && self.written.size()[0] == 1 { self.one } else { None };
+        Ok(Slots { written: last(&self.written)?, seen: self.seen, masked: last(&self.masked)?, one })
+    }
+}
+
 impl Cache {
     fn new(cfg: &TextConfig, ctx: i64, dtype: Kind, attention: Kind, like: &Tensor) -> Result<Cache> {
         let slots = |kind| if kind == AttentionKind::Full { ctx } else { cfg.ring_len() };
@@ -778,6 +793,17 @@ impl Cache {
     }
 }
 // --8<-- [end:cache]
+
+/// Which final hidden states a prompt read gives back.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Wanted {
+    /// The prompt's last token's only (generate, prefill): the rows before it skip the KV-shared layers.
+    LastRow,
+    /// Every token's (logits at any position).
+    EveryRow,
+    /// Every token's, and every layer's input (hidden states).
+    EveryLayer,
+}
 
 /// What `generate` made, and how long it took.
 pub struct Generation {
@@ -954,8 +980,9 @@ impl Gemma {
     // --8<-- [start:forward]
     /// One forward pass over `ids` at positions `pos` (int64 device tensors `[tokens]`), writing their keys
     /// and values into `cache`; full layers attend over the cache's first `full_slots` slots (a bucket for a
-    /// prompt chunk, `cache.decode_slots_at(pos)` for a decode step). Returns the final-norm hidden states `[tokens, hidden]`;
-    /// with `states`, also collects each layer's input (Transformers' `output_hidden_states` convention).
+    /// prompt chunk, `cache.decode_slots_at(pos)` for a decode step). Returns the final-norm hidden states of the
+    /// last `keep` tokens, `[keep, hidden]`; with `states` (and `keep` all of them), also collects each layer's
+    /// input (Transformers' `output_hidden_states` convention).
     pub fn forward(
         &self,
         ids: &Tensor,
@@ -963,12 +990,27 @@ impl Gemma {
         full_slots: i64,
         cache: &mut Cache,
         mut states: Option<&mut Vec<Tensor>>,
+        keep: i64,
     ) -> Result<Tensor> {
         let mut x = self.embed_tokens.rows(ids, self.dtype)?.f_mul_scalar(self.embed_scale)?;
-        let per_layer_inputs = self.per_layer_inputs.forward(ids, &x)?;
-        let slots = timed(Part::CacheWrite, 0, || cache.place(pos, full_slots))?;
-        let rotations = ByKind::try_new(|kind| self.rotary.get(kind).at(pos, self.dtype))?;
+        let mut per_layer_inputs = self.per_layer_inputs.forward(ids, &x)?;
+        let mut slots = timed(Part::CacheWrite, 0, || cache.place(pos, full_slots))?;
+        let mut rotations = ByKind::try_new(|kind| self.rotary.get(kind).at(pos, self.dtype))?;
+        let tokens = ids.size()[0];
         for (i, layer) in self.layers.iter().enumerate() {
+            // --8<-- [start:shared_rows]
+            if i as i64 == self.cfg.first_shared() && keep < tokens && states.is_none() {
+                // From here on every layer reads the caches of earlier layers and writes none: a row whose
+                // output nobody wants has nothing more to give, so only the last `keep` rows go on.
+                if keep == 0 {
+                    return Ok(x.f_narrow(0, tokens, 0)?);
+                }
+                let last = |t: &Tensor| t.f_narrow(0, tokens - keep, keep);
+                (x, per_layer_inputs) = (last(&x)?, last(&per_layer_inputs)?);
+                slots = ByKind::try_new(|kind| slots.get(kind).last(keep))?;
+                rotations = ByKind::try_new(|kind| rotations.get(kind).last(keep))?;
+            }
+            // --8<-- [end:shared_rows]
             if let Some(states) = states.as_deref_mut() {
                 states.push(x.shallow_clone());
             }
@@ -995,13 +1037,14 @@ impl Gemma {
 
     // --8<-- [start:read]
     /// Reads a prompt into a fresh cache in chunks of `cache.chunk_len()` tokens, calling `each(start, out,
-    /// states)` after each chunk with its final hidden states and, when `collect`, every layer's input (else an
-    /// empty list). `interrupted` is asked after each chunk (the Python engine checks for Ctrl-C there).
+    /// states)` after each chunk with the final hidden states `wanted` asks for (those of its last rows: none or
+    /// all of them) and, with `Wanted::EveryLayer`, every layer's input (else an empty list). `interrupted` is asked
+    /// after each chunk (the Python engine checks for Ctrl-C there).
     pub fn read(
         &self,
         ids: &[i64],
         cache: &mut Cache,
-        collect: bool,
+        wanted: Wanted,
         interrupted: &mut dyn FnMut() -> Result<()>,
         mut each: impl FnMut(i64, Tensor, Vec<Tensor>) -> Result<()>,
     ) -> Result<()> {
@@ -1012,8 +1055,13 @@ impl Gemma {
             let end = start + chunk.len() as i64;
             let pos = self.to_device(&(start..end).collect::<Vec<_>>())?;
             let full_slots = cache.full_slots_for(end);
+            let keep = match wanted {
+                Wanted::LastRow => (end == ids.len() as i64) as i64,
+                Wanted::EveryRow | Wanted::EveryLayer => chunk.len() as i64,
+            };
             let mut states = Vec::new();
-            let out = self.forward(&self.to_device(chunk)?, &pos, full_slots, cache, collect.then_some(&mut states))?;
+            let collect = (wanted == Wanted::EveryLayer).then_some(&mut states);
+            let out = self.forward(&self.to_device(chunk)?, &pos, full_slots, cache, collect, keep)?;
             each(start, out, states)?;
             interrupted()?;
         }
@@ -1036,16 +1084,11 @@ impl Gemma {
         interrupted: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Generation> {
         let start = Instant::now();
-        let mut last = None;
-        self.read(ids, cache, false, interrupted, |_, out, _| {
-            last = Some(out.f_select(0, out.size()[0] - 1)?.f_unsqueeze(0)?);
-            Ok(())
-        })?;
+        let last = self.read_last(ids, cache, interrupted)?;
         let mut tokens = Vec::new();
         if max_new == 0 {
             return Ok(Generation { tokens, read_s: start.elapsed().as_secs_f64(), decode_s: 0.0 });
         }
-        let last = last.ok_or_else(|| invalid!("generate: the prompt is empty"))?;
         let mut token = greedy(&self.head(&last)?)?;
         tokens.push(token.f_int64_value(&[0])?);
         let read_s = start.elapsed().as_secs_f64();
@@ -1128,12 +1171,19 @@ impl Gemma {
         cache: &mut Cache,
         interrupted: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Tensor> {
+        self.head(&self.read_last(ids, cache, interrupted)?)
+    }
+
+    /// Reads the prompt `ids` into a fresh cache; returns the final hidden state of its last token, `[1, hidden]`.
+    fn read_last(&self, ids: &[i64], cache: &mut Cache, interrupted: &mut dyn FnMut() -> Result<()>) -> Result<Tensor> {
         let mut last = None;
-        self.read(ids, cache, false, interrupted, |_, out, _| {
-            last = Some(out.f_narrow(0, out.size()[0] - 1, 1)?);
+        self.read(ids, cache, Wanted::LastRow, interrupted, |_, out, _| {
+            if out.size()[0] == 1 {
+                last = Some(out);
+            }
             Ok(())
         })?;
-        self.head(&last.ok_or_else(|| invalid!("prefill: the prompt is empty"))?)
+        last.ok_or_else(|| invalid!("read: the prompt is empty"))
     }
 
     /// One decode step: `token` (int64 `[1]` on the device) at position `pos` into the cache; returns the
@@ -1147,7 +1197,7 @@ impl Gemma {
     /// A decode step's forward pass and head, its one-row dense linears on the kernel `matvec_in_aten` picks (see
     /// onednn.rs).
     fn decode(&self, token: &Tensor, pos: &Tensor, full_slots: i64, cache: &mut Cache) -> Result<Tensor> {
-        one_row_in_aten(self.matvec_in_aten, || self.head(&self.forward(token, pos, full_slots, cache, None)?))
+        one_row_in_aten(self.matvec_in_aten, || self.head(&self.forward(token, pos, full_slots, cache, None, 1)?))
     }
     // --8<-- [end:decode]
 }

@@ -38,7 +38,7 @@ use bridge::{give, take, torch_error};
 use config::{Config, TextConfig};
 use dot4::Kernel;
 use error::Error;
-use gemma::{Cache, DecodeSlots, Gemma, Generation};
+use gemma::{Cache, DecodeSlots, Gemma, Generation, Wanted};
 use linear::{Int4Matmul, Weights};
 use sampling::{Rng, Sampling};
 use weights::Checkpoint;
@@ -864,7 +864,7 @@ impl Engine {
         state.taken();
         let State { model, cache, .. } = &mut *state;
         let mut rows: Vec<Option<Tensor>> = (0..positions.len()).map(|_| None).collect();
-        model.read(&ids, cache, false, &mut check_signals, |start, out, _| {
+        model.read(&ids, cache, Wanted::EveryRow, &mut check_signals, |start, out, _| {
             for (slot, &p) in rows.iter_mut().zip(&positions) {
                 if (start..start + out.size()[0]).contains(&p) {
                     let row = model.head(&out.f_narrow(0, p - start, 1)?)?;
@@ -893,7 +893,7 @@ impl Engine {
         state.taken();
         let State { model, cache, .. } = &mut *state;
         let mut chunks: Vec<Vec<Tensor>> = Vec::new();
-        model.read(&ids, cache, true, &mut check_signals, |_, _, states| {
+        model.read(&ids, cache, Wanted::EveryLayer, &mut check_signals, |_, _, states| {
             chunks.push(states);
             Ok(())
         })?;

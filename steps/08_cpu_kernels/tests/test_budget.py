@@ -52,7 +52,8 @@ def test_the_parts_cover_a_prompt_read_and_count_each_matrix_once_a_chunk(tiny, 
     engine = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
     held = engine.memory()
     matrices = [n for n in PARTS if "projection" in n]
-    for ids, chunks in ((IDS, 1), (IDS * 5, 3)):  # the tiny model reads 16 tokens a chunk
+    weights = {}
+    for ids, chunks in ((IDS, 1), (IDS * 3, 2), (IDS * 5, 3)):  # the tiny model reads 16 tokens a chunk
         tokens, _, _ = engine.generate(ids, 1)
         budget = engine.read_budget(ids)
         assert budget["token"] == tokens[0]  # the same read as generate's
@@ -61,28 +62,55 @@ def test_the_parts_cover_a_prompt_read_and_count_each_matrix_once_a_chunk(tiny, 
         read = {name: b for name, _, b in budget["parts"]}
         assert all(s >= 0 for s in seconds.values()) and math.isclose(sum(seconds.values()), budget["read_s"])
         assert seconds["gate/up projections"] > 0 and seconds["attention over the cache"] > 0
-        assert sum(read[n] for n in matrices) == chunks * held["linears"]  # every matrix once a chunk
+        weights[chunks] = sum(read[n] for n in matrices)
         if held["head"]:
             assert read["output head"] == held["head"]  # the head once, on the last row
         assert all(read[n] == 0 for n in PARTS[-4:])
+    # one chunk reads every matrix once; each further chunk the cache owners' again, not the KV-shared layers'
+    assert weights[1] == held["linears"]
+    again = weights[2] - weights[1]
+    assert 0 < again < held["linears"] and weights[3] == weights[1] + 2 * again
     with pytest.raises(TypeError, match=r"read_budget\(ids\)"):
         engine.read_budget("not ids")
     with pytest.raises(ValueError, match=r"ids\[1\] = -3 is outside the vocabulary"):
         engine.read_budget([2, -3])
 
 
-def test_a_prompt_reads_multiply_adds_are_its_rows_times_a_decode_steps(tiny, matmul):
+def kv_shared_multiply_adds(text: dict) -> dict:
+    """Multiply-adds of one row through the KV-shared layers, by part, from a Gemma 4 text config: q but no k or
+    v, the o projection, the (double-wide) feed-forward block and the per-layer input's two products."""
+    hidden, layers, shared = text["hidden_size"], text["num_hidden_layers"], text["num_kv_shared_layers"]
+    count = dict.fromkeys(["q/k/v projections", "o projection", "gate/up projections", "down projection",
+                           "per-layer input gate and projection"], 0)
+    for kind in text["layer_types"][layers - shared:]:
+        q = text["num_attention_heads"] * text["global_head_dim" if kind == "full_attention" else "head_dim"]
+        wide = text["intermediate_size"] * (2 if text["use_double_wide_mlp"] else 1)
+        count["q/k/v projections"] += hidden * q
+        count["o projection"] += q * hidden
+        count["gate/up projections"] += 2 * hidden * wide
+        count["down projection"] += wide * hidden
+        count["per-layer input gate and projection"] += 2 * hidden * text["hidden_size_per_layer_input"]
+    return count
+
+
+def test_a_prompt_reads_multiply_adds_are_its_rows_times_a_decode_steps_but_the_kv_shared_layers_once(tiny, matmul):
     engine = torchtpu_kernels.Engine(tiny / "text", tiny / "emb4", torch.empty(0), CTX, int4_matmul=matmul)
     step = engine.decode_budget(IDS, 2)["multiply_adds"]
     # a decode step multiplies each weight once: the head's are the vocabulary times the hidden size
     assert set(step) == {n for n in PARTS if "projection" in n} | {"output head"}
     config = json.loads((tiny / "text" / "config.json").read_text())
     text = config.get("text_config", config)
+    assert text["num_kv_shared_layers"] > 0
     assert step["output head"] == text["vocab_size"] * text["hidden_size"]
+    shared = kv_shared_multiply_adds(text)
+    assert all(0 < shared[n] < step[n] for n in shared)
     for ids in (IDS, IDS * 5):  # one chunk, and three
         read = engine.read_budget(ids)["multiply_adds"]
-        # every product multiplies each of its weights by each row; the head only the last row
-        assert read == {n: c if n == "output head" else len(ids) * c for n, c in step.items()}
+        # every product multiplies each of its weights by each row, but the KV-shared layers and the head take only
+        # the last row: they write no cache, so the rows before it need nothing from them
+        rows = len(ids)
+        assert read == {n: c if n == "output head" else rows * c - (rows - 1) * shared.get(n, 0)
+                        for n, c in step.items()}
 
 
 def test_the_fma_limit_is_a_rate_and_refuses_bad_arguments():
