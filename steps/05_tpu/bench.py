@@ -16,6 +16,7 @@ are noise, the speeds and the memory are real.
 import argparse
 import contextlib
 import importlib.util
+import statistics
 from pathlib import Path
 
 import torch
@@ -226,6 +227,12 @@ def chart(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def read_fraction(rates: list[float], limits: list[float], nbytes: float) -> float:
+    """A way's fraction of the read limit: the median over the turns of its decode rate (tok/s) times the bytes a
+    token reads, against the read limit (GB/s) measured just before that turn."""
+    return statistics.median(rate * nbytes / (limit * 1e9) for rate, limit in zip(rates, limits, strict=True))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ways", default=",".join(WAYS),
@@ -287,13 +294,16 @@ def main() -> None:
     def measure(ways: list[str], at: int) -> list[dict]:
         """A row per way: the medians of its `--repeat` fresh processes, the ways taking turns, so that a slow
         minute of this shared machine falls on every way alike."""
-        runs = {way: [] for way in ways}
+        runs, limits = {way: [] for way in ways}, []
         for turn in range(args.repeat):
+            # this shared machine's memory runs faster some minutes than others: the read limit again just before
+            # each turn, so that a way's rate is set against the memory of its own minutes
+            limits.append(read_bandwidth_gb_s(tries=3)[0])
             for way in ways:
                 runs[way].append(run_way(way, model, emb4, str(device), args.dtype, at, ids, args.max_new))
             print(f"  ctx {at}: turn {turn + 1} of {args.repeat} done", flush=True)
         rows = [median_row(runs[way]) for way in ways]
-        for row in rows:
+        for way, row in zip(ways, rows):
             if row["available"]:
                 row["kv_bytes_per_token"] = kv_bytes_per_token(cfg, at, row["prompt_len"], len(row["tokens"]) - 1,
                                                                row["decode_slots"],
@@ -302,7 +312,8 @@ def main() -> None:
                                                                row.get("kv_read", "slots"))
                 read = row["bytes_per_token"] + row["kv_bytes_per_token"]
                 row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
-                row["read_fraction"] = row["streamed_tok_s"] * read / (read_limit * 1e9)
+                row["read_fraction"] = read_fraction([run["streamed_tok_s"] for run in runs[way]], limits, read)
+                row["turn_read_gb_s"] = limits
         return rows
 
     rows = measure(ways, ctx)
@@ -313,6 +324,10 @@ def main() -> None:
     print(table(rows))
     print("\n".join(identity_lines(rows)))
     wide = max([len(label(row)) + 2 for row in rows if row["available"]] + [28])
+    limits = next((r["turn_read_gb_s"] for r in rows if r["available"]), [])
+    print("the read limit again just before each turn (the same stream, best of 3): "
+          + ", ".join(f"{limit:.1f}" for limit in limits) + " GB/s; a way's read fraction is the median over the turns "
+          "of its rate against that turn's limit")
     print(f"{'way':<{wide}}{'weights GB / token':>19}{'KV GB / token':>15}{'bandwidth fraction':>20}"
           f"{'read fraction':>15}")
     for row in rows:

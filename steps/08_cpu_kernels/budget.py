@@ -93,6 +93,10 @@ def show(result: dict, read: bool, arithmetic: bool) -> None:
           f"{result[limit]:>18.2f}{result[limit] / step:>14.2f}")
     print(f"the same {what} untimed (generate): {untimed:.2f} ms a {one}; the parts add up to it within "
           f"{abs(step - untimed) / untimed:.1%}")
+    if read:
+        every_row, products = (2 * result[n] / 1e9 for n in ("every_row_multiply_adds", "multiply_adds"))
+        print(f"every row through every layer would multiply {every_row:.0f} GFLOP; the KV-shared layers take only the "
+              f"last row, so the read's products are {products:.0f} GFLOP, {products / every_row:.2f} of that")
     if arithmetic:
         print(f"at the FMA limit's {result['fma_gflop_s']:.0f} GFLOP/s (float32, 8 lanes, all threads) the "
               f"{amount(total):.0f} GFLOP of a read's products take {result['fma_ms']:.0f} ms: the untimed read runs "
@@ -171,6 +175,11 @@ def main() -> None:
     arithmetic = args.read and engine.int4_matmul == "fma4"
     gflop_s = torchtpu_kernels.fma_limit() if arithmetic else None
     result = {**table(budgets, untimed, read_gb_s, copy_gb_s, gflop_s), "read_kernel": read_kernel}
+    if args.read:
+        # a decode step's products are one row's, after any prompt: a read that took every row through every layer
+        # would multiply each weight by every row, the head's by the last
+        row = engine.decode_budget(ids[:1], 1)["multiply_adds"]
+        result["every_row_multiply_adds"] = sum(c if n == "output head" else len(ids) * c for n, c in row.items())
     show(result, args.read, arithmetic)
     if args.chart:
         chart(result, unit, f"A {unit}'s time by part: {what}", args.chart, arithmetic)

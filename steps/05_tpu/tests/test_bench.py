@@ -63,6 +63,15 @@ def test_int4_targets_appear_only_when_its_way_ran():
     assert checks["Rust int4 peak memory, GB"] == 3.0
 
 
+def test_the_read_fraction_sets_each_turn_against_its_own_limit():
+    # a turn on slow memory is set against that turn's limit: the median of the turns' fractions (2.0), not the
+    # median rate against the median limit (1.0)
+    assert bench.read_fraction([10.0, 20.0, 40.0], [40.0, 10.0, 20.0], 1e9) == 2.0
+    assert bench.read_fraction([12.5], [25.0], 2e9) == 1.0
+    with pytest.raises(ValueError):  # a turn without its limit
+        bench.read_fraction([10.0, 20.0], [40.0], 1e9)
+
+
 @pytest.fixture
 def small_bench(tiny, monkeypatch):
     """bench.main on the tiny checkpoint, its machine-wide measurements made small or stubbed (the E2B ones take
@@ -72,7 +81,7 @@ def small_bench(tiny, monkeypatch):
     monkeypatch.setattr(bench, "matvec_gb_s", lambda streamed_gb=0.0: matvec(
         n=128, k=64, tries=1, calls=2, streamed_gb=streamed_gb / 1e4))  # a few 16 KB copies, streamed
     monkeypatch.setattr(bench, "memory_bandwidth_gb_s", lambda: 10.0)
-    monkeypatch.setattr(bench, "read_bandwidth_gb_s", lambda: (11.0, "float32 sum"))
+    monkeypatch.setattr(bench, "read_bandwidth_gb_s", lambda tries=5: (11.0, "float32 sum"))
     monkeypatch.setattr(bench, "onednn_against_aten_ms", lambda: {"prompt chunk": {"oneDNN": 1.0, "ATen": 2.0}})
     monkeypatch.setattr(bench, "matvec_bits_apart", lambda: 0)
 

@@ -794,6 +794,7 @@ impl Cache {
 }
 // --8<-- [end:cache]
 
+// --8<-- [start:wanted]
 /// Which final hidden states a prompt read gives back.
 #[derive(Clone, Copy, PartialEq)]
 pub enum Wanted {
@@ -804,6 +805,7 @@ pub enum Wanted {
     /// Every token's, and every layer's input (hidden states).
     EveryLayer,
 }
+// --8<-- [end:wanted]
 
 /// What `generate` made, and how long it took.
 pub struct Generation {

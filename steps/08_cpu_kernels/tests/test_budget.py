@@ -174,6 +174,9 @@ def test_the_script_budgets_a_prompt_read_too(tmp_path):
     record = json.loads(out.read_text())
     assert record["budget"] == "read" and len(record["prompt_ids"]) == 40 and len(record["tokens"]) == 1
     assert math.isclose(sum(p["ms"] for p in record["parts"]), record["step_ms"])
+    # the KV-shared layers take the last row only: fewer products than every row through every layer
+    assert 0 < record["multiply_adds"] < record["every_row_multiply_adds"]
+    assert "every row through every layer would multiply" in run.stdout
     if record["int4_matmul"] == "fma4":  # its products against the FMA limit
         assert record["fma_gflop_s"] > 0 and "of its arithmetic limit" in run.stdout
         assert record["multiply_adds"] == sum(p["multiply_adds"] for p in record["parts"]) > 0
