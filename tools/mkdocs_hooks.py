@@ -72,6 +72,7 @@ CLASSES = [
     CpuClass("cpu-e2b-amx-avx2", "AVX2 only", "an Intel Xeon with AMX, torch kept to AVX2", True),
     CpuClass("cpu-e2b-amx-avx512core", "AVX-512 without bf16", "an Intel Xeon with AMX, oneDNN kept to AVX512_CORE",
              True),
+    CpuClass("cpu-e2b-zen5", "AVX512-BF16", "an AMD EPYC Zen 5", False),
     CpuClass("cpu-e2b", "AVX512-BF16", "an AMD EPYC Zen 4", False),
     CpuClass("cpu-e2b-xeon", "AVX512-BF16", "an Intel Xeon without AMX", False),
     CpuClass("cpu-e2b-amx-avx512", "AVX512-BF16", "an Intel Xeon with AMX, oneDNN kept from AMX", True),
