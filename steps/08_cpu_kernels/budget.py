@@ -5,13 +5,13 @@ too), and the parts' sum checked against the same steps untimed. With --read, th
 multiply-adds would take at the CPU's float32 FMA limit (torchtpu_kernels.fma_limit).
 
 usage: python budget.py [--e2b] [--model DIR] [--emb4 DIR] [--weights int4|bf16] [--int4-matmul auto|dot4|fma4|aten]
-                        [--decode-attention auto|own|aten] [--steps 16] [--read [--tokens N]] [--repeat 3]
+                        [--decode-attention auto|own|aten] [--steps 16] [--read] [--tokens N] [--repeat 3]
                         [--json PATH] [--chart PNG]
 --e2b: the random E2B-shaped checkpoint step 05's bench reads (made once, about 9 GB), the size the budget is
 about; without it, the trained model step 03 ships (a toy, whose steps are all small ops). In one process,
 `--repeat` rounds of: generate (untimed, the time the parts must add up to), then the budget; the medians of each.
---read: the prompt read's parts instead of a decode step's: step 05's 19-token prompt, or with --tokens N that
-prompt's sentence repeated to N tokens.
+--read: the prompt read's parts instead of a decode step's. Both read step 05's 19-token prompt, or with --tokens N
+that prompt's sentence repeated to N tokens: a decode step's budget after a long prompt shows what its cache costs.
 """
 import argparse
 import statistics
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--decode-attention", default="auto", choices=["auto", "own", "aten"])
     ap.add_argument("--steps", type=int, default=16, help="decode steps per round")
     ap.add_argument("--read", action="store_true", help="the prompt read's budget instead of a decode step's")
-    ap.add_argument("--tokens", type=int, help="with --read: the prompt's sentence repeated to this many tokens")
+    ap.add_argument("--tokens", type=int, help="the prompt's sentence repeated to this many tokens")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the medians are shown")
     ap.add_argument("--chart", metavar="PNG")
     args = ap.parse_args()
@@ -151,8 +151,8 @@ def main() -> None:
     device = devices.choose_device(args.device)
     ids = prompting.encode(AutoTokenizer.from_pretrained(args.model), PROMPT)
     if args.tokens is not None:
-        if not args.read or not 1 <= args.tokens <= args.ctx:
-            ap.error(f"--tokens {args.tokens}: only with --read, and 1 <= N <= ctx ({args.ctx})")
+        if not 1 <= args.tokens <= args.ctx - (0 if args.read else args.steps + 1):
+            ap.error(f"--tokens {args.tokens}: 1 <= N <= ctx ({args.ctx}), less the decode steps without --read")
         ids = ids[:1] + (ids[1:] * (args.tokens // max(len(ids) - 1, 1) + 1))[:args.tokens - 1]
     copy_gb_s = memory_bandwidth_gb_s()
     read_gb_s, read_kernel = read_bandwidth_gb_s()

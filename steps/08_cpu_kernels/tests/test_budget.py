@@ -180,5 +180,19 @@ def test_the_script_budgets_a_prompt_read_too(tmp_path):
     if record["int4_matmul"] == "fma4":  # its products against the FMA limit
         assert record["fma_gflop_s"] > 0 and "of its arithmetic limit" in run.stdout
         assert record["multiply_adds"] == sum(p["multiply_adds"] for p in record["parts"]) > 0
-    run = subprocess.run([sys.executable, STEP / "budget.py", "--tokens", "40"], capture_output=True, text=True)
-    assert run.returncode == 2 and "--tokens 40: only with --read" in run.stderr
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--read", "--tokens", "0"], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and "--tokens 0: 1 <= N <= ctx" in run.stderr
+
+
+def test_the_script_budgets_a_decode_step_after_a_long_prompt(tmp_path):
+    """--tokens without --read: decode steps after that many tokens, whose attention reads a fuller cache."""
+    out = tmp_path / "long.json"
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--tokens", "100", "--steps", "2", "--repeat", "1",
+                          "--json", out], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["budget"] == "decode" and len(record["prompt_ids"]) == 100 and len(record["tokens"]) == 3
+    assert "100-token prompt" in run.stdout
+    run = subprocess.run([sys.executable, STEP / "budget.py", "--tokens", "99999"], capture_output=True, text=True)
+    assert run.returncode == 2 and "less the decode steps without --read" in run.stderr
