@@ -661,11 +661,10 @@ struct Slots {
 }
 
 impl Slots {
-    /// The slots and masks of the last `rows` tokens only: they see the same slots.
+    /// The slots and masks of the last `rows` tokens only, for layers that write no cache: they see the same slots.
     fn last(&self, rows: i64) -> Result<Slots> {
         let last = |t: &Tensor| t.f_narrow(0, t.size()[0] - rows, rows);
-        let one = if rows == 1 && self.written.size()[0] == 1 { self.one } else { None };
-        Ok(Slots { written: last(&self.written)?, seen: self.seen, masked: last(&self.masked)?, one })
+        Ok(Slots { written: last(&self.written)?, seen: self.seen, masked: last(&self.masked)?, one: None })
     }
 }
 
@@ -1018,6 +1017,11 @@ impl Gemma {
             }
             let (input, kind) = (per_layer_inputs.f_select(1, i as i64)?, layer.kind);
             x = layer.forward(&x, &input, rotations.get(kind), slots.get(kind), cache)?;
+        }
+        let rows = x.size()[0];
+        if rows > keep {
+            // a model with no KV-shared layers: every layer wrote a cache, and only now are rows left out
+            x = x.f_narrow(0, rows - keep, keep)?;
         }
         let out = self.norm.forward(&x)?;
         if let Some(states) = states {

@@ -329,6 +329,17 @@ def test_a_prompt_read_takes_only_its_last_row_through_the_kv_shared_layers(tiny
         assert engine.generate(ids, 1)[0] == [int(every_row.argmax())]
 
 
+def test_a_model_without_kv_shared_layers_takes_every_row_to_the_last_layer(tmp_path, kl):
+    """With no KV-shared layer every layer writes a cache, so a prompt read leaves its rows out only after the last
+    one: prefill and generate still give the last row's logits, for prompts of one chunk and of several."""
+    folder = checkpoints.variant(tmp_path / "m", dict(checkpoints.TINY, num_kv_shared_layers=0))
+    engine = torchtpu_kernels.Engine(folder, None, cpu(), CTX)
+    for ids in PROMPTS:
+        every_row, last_row = engine.logits(ids)[-1], engine.prefill(ids)
+        assert kl(every_row, last_row) <= 1e-3
+        assert engine.generate(ids, 1)[0] == [int(every_row.argmax())]
+
+
 @pytest.mark.parametrize("attention_dtype", [None, "float32"])
 def test_decode_attention_own_agrees_with_aten_and_is_the_default_with_this_steps_kernels(tiny, kl, attention_dtype):
     """decode_attention="own" (torchtpu_attend_one) and "aten" (step 03's ops) make the same tokens — from an empty
