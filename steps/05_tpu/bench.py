@@ -291,9 +291,9 @@ def main() -> None:
         print(f"llama.cpp's GGUFs of this checkpoint (its converter, bf16; its quantizer): {sizes}, "
               f"in {records.name(files[quants[0]].parent)}", flush=True)
 
-    def measure(ways: list[str], at: int) -> list[dict]:
+    def measure(ways: list[str], at: int) -> tuple[list[dict], list[float]]:
         """A row per way: the medians of its `--repeat` fresh processes, the ways taking turns, so that a slow
-        minute of this shared machine falls on every way alike."""
+        minute of this shared machine falls on every way alike; and the read limit measured before each turn."""
         runs, limits = {way: [] for way in ways}, []
         for turn in range(args.repeat):
             # this shared machine's memory runs faster some minutes than others: the read limit again just before
@@ -313,21 +313,19 @@ def main() -> None:
                 read = row["bytes_per_token"] + row["kv_bytes_per_token"]
                 row["bandwidth_fraction"] = row["streamed_tok_s"] * read / (bandwidth * 1e9)
                 row["read_fraction"] = read_fraction([run["streamed_tok_s"] for run in runs[way]], limits, read)
-                row["turn_read_gb_s"] = limits
-        return rows
+        return rows, limits
 
-    rows = measure(ways, ctx)
+    rows, turn_limits = measure(ways, ctx)
     by_way = {r["way"]: r for r in rows if r["available"]}
     # step 08's target at a short context: the ratio to Rust eager, measured side by side there too
     short_ways = ["rust-eager", "rust-int4"] if args.short_ctx and {"rust-eager", "rust-int4"} <= set(by_way) else []
-    short = {row["way"]: row for row in measure(short_ways, args.short_ctx)} if short_ways else {}
+    short = {row["way"]: row for row in measure(short_ways, args.short_ctx)[0]} if short_ways else {}
     print(table(rows))
     print("\n".join(identity_lines(rows)))
     wide = max([len(label(row)) + 2 for row in rows if row["available"]] + [28])
-    limits = next((r["turn_read_gb_s"] for r in rows if r["available"]), [])
     print("the read limit again just before each turn (the same stream, best of 3): "
-          + ", ".join(f"{limit:.1f}" for limit in limits) + " GB/s; a way's read fraction is the median over the turns "
-          "of its rate against that turn's limit")
+          + ", ".join(f"{limit:.1f}" for limit in turn_limits) + " GB/s; a way's read fraction is the median over the "
+          "turns of its rate against that turn's limit")
     print(f"{'way':<{wide}}{'weights GB / token':>19}{'KV GB / token':>15}{'bandwidth fraction':>20}"
           f"{'read fraction':>15}")
     for row in rows:
@@ -361,7 +359,7 @@ def main() -> None:
         records.write_json(args.json, device, model=records.name(model), emb4=records.name(emb4),
                            dtype=args.dtype, ctx=ctx,
                            max_new=args.max_new, repeat=args.repeat, prompt_ids=ids, bandwidth_gb_s=bandwidth,
-                           read_gb_s=read_limit, read_kernel=read_kernel,
+                           read_gb_s=read_limit, read_kernel=read_kernel, turn_read_gb_s=turn_limits,
                            matvec_gb_s=kernels, matvec_streamed_gb_s=streamed, onednn_against_aten_ms=kept,
                            matvec_bits_apart=apart, rows=rows, short_ctx=args.short_ctx,
                            short_rows=list(short.values()), targets=checks)

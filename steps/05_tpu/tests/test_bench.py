@@ -97,12 +97,13 @@ def test_the_record_holds_the_measured_mat_vec_rates_and_the_chart_lies_beside_i
     folder's name has."""
     out = tmp_path / "runs.v1" / "record"
     out.parent.mkdir()
-    small_bench("--ways", "rust-fused", "--max-new", "4", "--json", str(out))
+    small_bench("--ways", "rust-fused", "--max-new", "4", "--repeat", "2", "--json", str(out))
     record = json.loads(out.read_text())
     for rates in (record["matvec_gb_s"], record["matvec_streamed_gb_s"]):
         assert {"bf16 oneDNN", "bf16 ATen", "int4 ATen"} <= set(rates)
         assert all(isinstance(rate, float) and rate > 0 for rate in rates.values()), rates
     assert (record["read_gb_s"], record["read_kernel"]) == (11.0, "float32 sum")
+    assert record["turn_read_gb_s"] == [11.0, 11.0]  # the read limit again before each turn
     assert (out.parent / "record.png").stat().st_size > 0
 
 
