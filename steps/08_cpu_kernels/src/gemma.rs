@@ -103,6 +103,11 @@ fn bytes(t: &Tensor) -> i64 {
     t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
 }
 
+/// The last `rows` rows of `t` (its first dimension is the tokens').
+fn last_rows(t: &Tensor, rows: i64) -> Result<Tensor> {
+    Ok(t.f_narrow(0, t.size()[0] - rows, rows)?)
+}
+
 /// `x · wᵀ`, timed as `part` of a decode step's budget (budget.rs), which reads the whole matrix and does a
 /// multiply-add per weight and row of x.
 fn linear(part: Part, x: &Tensor, w: &Linear) -> Result<Tensor> {
@@ -246,8 +251,7 @@ impl Rotation {
 
     /// The rotation of the last `rows` tokens only.
     fn last(&self, rows: i64) -> Result<Rotation> {
-        let last = |t: &Tensor| t.f_narrow(0, t.size()[0] - rows, rows);
-        Ok(Rotation { cos: last(&self.cos)?, sin: last(&self.sin)? })
+        Ok(Rotation { cos: last_rows(&self.cos, rows)?, sin: last_rows(&self.sin, rows)? })
     }
 }
 // --8<-- [end:rope]
@@ -663,8 +667,8 @@ struct Slots {
 impl Slots {
     /// The slots and masks of the last `rows` tokens only, for layers that write no cache: they see the same slots.
     fn last(&self, rows: i64) -> Result<Slots> {
-        let last = |t: &Tensor| t.f_narrow(0, t.size()[0] - rows, rows);
-        Ok(Slots { written: last(&self.written)?, seen: self.seen, masked: last(&self.masked)?, one: None })
+        let (written, masked) = (last_rows(&self.written, rows)?, last_rows(&self.masked, rows)?);
+        Ok(Slots { written, seen: self.seen, masked, one: None })
     }
 }
 
@@ -1000,14 +1004,13 @@ impl Gemma {
         let tokens = ids.size()[0];
         for (i, layer) in self.layers.iter().enumerate() {
             // --8<-- [start:shared_rows]
-            if i as i64 == self.cfg.first_shared() && keep < tokens && states.is_none() {
+            if i as i64 == self.cfg.first_shared() && keep < tokens {
                 // From here on every layer reads the caches of earlier layers and writes none: a row whose
                 // output nobody wants has nothing more to give, so only the last `keep` rows go on.
                 if keep == 0 {
-                    return Ok(x.f_narrow(0, tokens, 0)?);
+                    return last_rows(&x, 0);
                 }
-                let last = |t: &Tensor| t.f_narrow(0, tokens - keep, keep);
-                (x, per_layer_inputs) = (last(&x)?, last(&per_layer_inputs)?);
+                (x, per_layer_inputs) = (last_rows(&x, keep)?, last_rows(&per_layer_inputs, keep)?);
                 slots = ByKind::try_new(|kind| slots.get(kind).last(keep))?;
                 rotations = ByKind::try_new(|kind| rotations.get(kind).last(keep))?;
             }
@@ -1018,10 +1021,9 @@ impl Gemma {
             let (input, kind) = (per_layer_inputs.f_select(1, i as i64)?, layer.kind);
             x = layer.forward(&x, &input, rotations.get(kind), slots.get(kind), cache)?;
         }
-        let rows = x.size()[0];
-        if rows > keep {
+        if x.size()[0] > keep {
             // a model with no KV-shared layers: every layer wrote a cache, and only now are rows left out
-            x = x.f_narrow(0, rows - keep, keep)?;
+            x = last_rows(&x, keep)?;
         }
         let out = self.norm.forward(&x)?;
         if let Some(states) = states {
