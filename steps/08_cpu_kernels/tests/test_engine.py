@@ -304,7 +304,7 @@ def test_streaming_sampling_and_decode_slots_hold_in_int4(tiny, kl):
     greedy = bucket.generate(prompt, 24)[0]
     assert list(bucket.stream(prompt, 24)) == greedy == list(every.stream(prompt, 24))
     last = bucket.logits(prompt, [len(prompt) - 1])[0]
-    assert kl(last, bucket.prefill(prompt)) <= 1e-3  # equal where one row and a chunk go by the same kernel
+    assert kl(last, bucket.prefill(prompt)) <= 1e-3  # one row's products may sum in another order than a chunk's
     assert list(bucket.tokens(10, stop=[greedy[3]])) == greedy[: greedy.index(greedy[3]) + 1]
     def draws(seed):
         return list(bucket.stream(prompt, 20, temperature=1.3, top_k=50, top_p=0.95, seed=seed))
@@ -316,9 +316,8 @@ def test_a_prompt_read_takes_only_its_last_row_through_the_kv_shared_layers(tiny
     """generate and prefill want the prompt's last row only. The KV-shared layers write no cache, so the rows before
     it stop at the last layer that does (test_budget.py counts the products); logits() takes every row through every
     layer. With the tiny model's window of 16 and a copy's of 128, whose chunks go by panels where they run, the last
-    row's logits are logits()'s: bit for bit where one row and a chunk's rows go by the same arithmetic (measured on
-    an AMD EPYC with AVX2 only: equal for ATen's kernel and fma4, both windows), their sums in another order where
-    they do not (AMX's tiles). Logits a position apart differ by KL 1.9 or more."""
+    row's logits are logits()'s, give or take a chunk's products summing in another order than one row's; the logits
+    of the position before are far from them by the same measure."""
     folder = tiny / "text"
     if window != 16:
         folder = checkpoints.copy_edited(folder, tmp_path / "text", lambda c: c.update(sliding_window=window))
@@ -326,6 +325,7 @@ def test_a_prompt_read_takes_only_its_last_row_through_the_kv_shared_layers(tiny
     for ids in (PROMPTS[0], LONG):
         every_row, last_row = engine.logits(ids)[-1], engine.prefill(ids)
         assert kl(every_row, last_row) <= 1e-3 and last_row.argmax() == every_row.argmax()
+        assert kl(engine.logits(ids)[-2], last_row) > 0.1  # the check tells positions apart
         assert engine.generate(ids, 1)[0] == [int(every_row.argmax())]
 
 
